@@ -1,0 +1,1 @@
+"""modelfs command line."""

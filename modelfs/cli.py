@@ -1,0 +1,151 @@
+"""The `modelfs` command: argument parsing, logging, and the one place errors become exits.
+
+User errors print one line `modelfs: error: …` and exit 1; usage errors exit 2 (argparse);
+nothing the user can cause prints a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from store.errors import StoreError
+from store.layout import find_store_root
+from store.scan import DEFAULT_PREFER, StoreIndex, scan_store
+
+log = logging.getLogger("modelfs")
+
+
+class UserError(Exception):
+    """A mistake the user can fix; printed as one line."""
+
+
+def _prefer(text: str) -> tuple[str, ...]:
+    runners = tuple(r.strip().lower() for r in text.split(",") if r.strip())
+    if not runners:
+        raise argparse.ArgumentTypeError("expected a comma-separated list of runners")
+    return runners
+
+
+def _open_index(args: argparse.Namespace) -> StoreIndex:
+    root = find_store_root(args.store)
+    index = scan_store(root)
+    for problem in index.problems:
+        log.debug("problem: %s", problem)
+    if index.problems:
+        log.info(
+            "%d problem(s) in the store; `modelfs show` a model for details", len(index.problems)
+        )
+    return index
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    from modelfs.ls import render_table, tags
+
+    index = _open_index(args)
+    if args.json:
+        json.dump(tags(index, args.prefer), sys.stdout, indent=None, ensure_ascii=False)
+        sys.stdout.write("\n")
+    else:
+        print(render_table(index, args.prefer))
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from modelfs.show import render, show_record
+
+    index = _open_index(args)
+    entry = index.lookup(args.name)
+    record = show_record(index, entry, args.prefer)
+    if args.json:
+        json.dump(record, sys.stdout, indent=2, ensure_ascii=False)
+        sys.stdout.write("\n")
+    else:
+        print(render(record))
+    return 0
+
+
+def cmd_demo_store(args: argparse.Namespace) -> int:
+    from modelfs.demo import main as demo_main
+
+    argv = [str(args.dir)] + (["--size", args.size] if args.size else [])
+    return demo_main(argv)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--store",
+        metavar="DIR",
+        type=Path,
+        help="the Ollama model store (default: $OLLAMA_MODELS, ~/.ollama/models, "
+        "/usr/share/ollama/.ollama/models)",
+    )
+    common.add_argument("-v", "--verbose", action="store_true", help="log more")
+    common.add_argument("-q", "--quiet", action="store_true", help="log only errors")
+
+    parser = argparse.ArgumentParser(
+        prog="modelfs",
+        description="Show an Ollama model store by name, and keep it in step across hosts.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("ls", parents=[common], help="list models, like `ollama list`")
+    p.add_argument("--json", action="store_true", help="print Ollama's /api/tags response")
+    p.add_argument(
+        "--prefer",
+        type=_prefer,
+        default=DEFAULT_PREFER,
+        metavar="RUNNERS",
+        help="variant order for manifest lists (default: llamacpp,ggml,mlx)",
+    )
+    p.set_defaults(func=cmd_ls)
+
+    p = sub.add_parser("show", parents=[common], help="variants, layers, files, quantization")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--prefer", type=_prefer, default=DEFAULT_PREFER, metavar="RUNNERS")
+    p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("demo-store", parents=[common], help="write a demo store into DIR")
+    p.add_argument("dir", metavar="DIR", type=Path)
+    p.add_argument("--size", help="size of the main model blob, e.g. 1G (default: small)")
+    p.set_defaults(func=cmd_demo_store)
+    return parser
+
+
+def _setup_logging(args: argparse.Namespace) -> None:
+    level = logging.INFO
+    if getattr(args, "verbose", False):
+        level = logging.DEBUG
+    elif getattr(args, "quiet", False):
+        level = logging.ERROR
+    # No timestamps of our own: a terminal does not need them and the journal adds its own.
+    logging.basicConfig(level=level, format="modelfs: %(message)s", stream=sys.stderr)
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _setup_logging(args)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except (StoreError, UserError) as exc:
+        print(f"modelfs: error: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        # `modelfs ls | head` is not an error.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except KeyboardInterrupt:
+        return 130
+
+
+def main() -> None:
+    sys.exit(run())

@@ -1,0 +1,157 @@
+"""`modelfs show NAME`: variants, layers, the file each becomes, quantization by type."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from store.gguf import read_gguf_header_path
+from store.quant import (
+    QuantRow,
+    quantization_breakdown_gguf,
+    quantization_breakdown_safetensors,
+)
+from store.safetensors import read_safetensors_header_path
+
+from modelfs.human import human_bytes, rfc3339_nano, table
+from store.errors import StoreError
+from store.files import model_files
+from store.manifest import Manifest, ManifestList
+from store.scan import DEFAULT_PREFER, Entry, StoreIndex, Variant
+
+log = logging.getLogger(__name__)
+
+
+def quantization(index: StoreIndex, manifest: Manifest) -> list[QuantRow]:
+    """Tensor count and bytes per type: from the GGUF model layer, else the tensor blobs."""
+    files = model_files(manifest)
+    layout = index.layout
+    for f in files:
+        if f.layer.kind == "model" and index.blob_info(f.layer.digest) is not None:
+            try:
+                return quantization_breakdown_gguf(
+                    read_gguf_header_path(layout.blob(f.layer.digest))
+                )
+            except (OSError, StoreError) as exc:
+                log.warning("%s: %s", f.path, exc)
+                return []
+    headers = []
+    for f in files:
+        if f.layer.kind == "tensor" and index.blob_info(f.layer.digest) is not None:
+            try:
+                headers.append(read_safetensors_header_path(layout.blob(f.layer.digest)))
+            except (OSError, StoreError) as exc:
+                log.warning("%s: %s", f.path, exc)
+    return quantization_breakdown_safetensors(headers) if headers else []
+
+
+def _variant_record(
+    index: StoreIndex, variant: Variant, preferred: bool, with_quant: bool
+) -> dict[str, Any]:
+    manifest = variant.manifest
+    config = index.config(manifest)
+    missing = set(index.missing_blobs(manifest))
+    layers = [
+        {
+            "media_type": f.layer.media_type,
+            "digest": str(f.layer.digest),
+            "size": f.layer.size,
+            **({"name": f.layer.name} if f.layer.name else {}),
+            "file": f.path,
+            "present": f.layer.digest not in missing,
+        }
+        for f in model_files(manifest)
+    ]
+    record: dict[str, Any] = {
+        "runner": variant.runner,
+        "format": variant.format,
+        "digest": str(manifest.digest),
+        "preferred": preferred,
+        "size": manifest.size,
+        "config": {
+            "digest": str(manifest.config.digest) if manifest.config else None,
+            "present": manifest.config is not None and manifest.config.digest not in missing,
+            "model_format": config.model_format if config else "",
+            "model_family": config.model_family if config else "",
+            "model_type": config.model_type if config else "",
+            "file_type": config.file_type if config else "",
+            "capabilities": list(config.capabilities) if config else [],
+        },
+        "layers": layers,
+    }
+    if with_quant:
+        record["quantization"] = [
+            {"type": q.type, "count": q.count, "bytes": q.nbytes}
+            for q in quantization(index, manifest)
+        ]
+    return record
+
+
+def show_record(
+    index: StoreIndex, entry: Entry, prefer: tuple[str, ...] = DEFAULT_PREFER
+) -> dict[str, Any]:
+    chosen = entry.preferred(prefer)
+    rel = str(entry.path.relative_to(index.layout.root))
+    return {
+        "name": entry.name.shortest,
+        "full_name": entry.name.full,
+        "source": rel,
+        "digest": str(entry.digest),
+        "list": isinstance(entry.top, ManifestList),
+        "modified_at": rfc3339_nano(entry.mtime_ns),
+        "variants": [_variant_record(index, v, v is chosen, True) for v in entry.variants],
+        "absent_variants": [
+            {"runner": c.runner, "format": c.format, "digest": str(c.digest)}
+            for c in entry.absent_children
+        ],
+        "problems": [str(p) for p in index.problems if p.path == rel],
+    }
+
+
+def render(record: dict[str, Any]) -> str:
+    out = [
+        f"Model    {record['name']}  ({record['full_name']})",
+        f"ID       {record['digest'].removeprefix('sha256:')[:12]}  ({record['source']})",
+        f"Modified {record['modified_at']}",
+        "",
+    ]
+    rows = [["VARIANT", "FORMAT", "SIZE", "MANIFEST", ""]]
+    for v in record["variants"]:
+        rows.append(
+            [
+                v["runner"] or "-",
+                v["format"] or "-",
+                human_bytes(v["size"]),
+                v["digest"].removeprefix("sha256:")[:12],
+                "preferred" if v["preferred"] else "",
+            ]
+        )
+    for c in record["absent_variants"]:
+        rows.append([c["runner"] or "-", c["format"] or "-", "-", c["digest"][7:19], "not local"])
+    out += [table(rows), ""]
+    for v in record["variants"]:
+        cfg = v["config"]
+        out.append(
+            f"{v['runner'] or 'model'}: {cfg['model_family'] or '?'} {cfg['model_type']} "
+            f"{cfg['file_type']}".rstrip()
+        )
+        rows = [["FILE", "MEDIA TYPE", "SIZE", "DIGEST"]]
+        for layer in v["layers"]:
+            rows.append(
+                [
+                    layer["file"] + ("" if layer["present"] else "  (missing)"),
+                    layer["media_type"].removeprefix("application/vnd.ollama.image."),
+                    human_bytes(layer["size"]),
+                    layer["digest"][7:19],
+                ]
+            )
+        out += ["  " + line for line in table(rows).splitlines()]
+        if v.get("quantization"):
+            rows = [["QUANT", "TENSORS", "BYTES"]]
+            for q in v["quantization"]:
+                rows.append([q["type"], str(q["count"]), human_bytes(q["bytes"])])
+            out += ["  " + line for line in table(rows).splitlines()]
+        out.append("")
+    for p in record["problems"]:
+        out.append(f"problem: {p}")
+    return "\n".join(out).rstrip()

@@ -1,0 +1,153 @@
+"""Writing into a store the way Ollama expects to find things.
+
+Only finished, verified blobs and finished manifests ever appear under `blobs/` and
+`manifests*/`: every write goes to a temp file under `.modelfs/tmp/` (never at depth 4 of a
+manifests tree, never a name Ollama's prune would take for its own), is fsynced, and is renamed
+into place. Blobs get a fresh mtime, because Ollama's startup prune spares young blobs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from store.digest import CHUNK, Digest
+from store.errors import CorruptBlobError, StoreError
+from store.layout import Layout
+from store.names import Name
+
+FILE_MODE = 0o644
+DIR_MODE = 0o755
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class BlobStore:
+    """Atomic, verified writes of blobs and manifests into one store root."""
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
+
+    def ensure_dirs(self) -> None:
+        for d in (self.layout.blobs, self.layout.tmp):
+            d.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+
+    @contextlib.contextmanager
+    def temp_file(self, prefix: str = "blob-") -> Iterator[tuple[BinaryIO, Path]]:
+        """A temp file in `.modelfs/tmp/`, removed unless it was renamed away."""
+        self.ensure_dirs()
+        fd, name = tempfile.mkstemp(prefix=prefix, dir=self.layout.tmp)
+        path = Path(name)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                yield f, path
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+    def has(self, digest: Digest) -> bool:
+        return self.layout.blob(digest).is_file()
+
+    def commit(self, temp: Path, digest: Digest) -> Path:
+        """Rename a finished temp file to its blob name after checking its sha256.
+
+        The caller hashed while writing; this re-check is for callers that did not.
+        """
+        actual = Digest.of_file(temp)
+        if actual != digest:
+            raise CorruptBlobError(f"digest mismatch for {digest}: got {actual}")
+        return self._install(temp, digest)
+
+    def _install(self, temp: Path, digest: Digest) -> Path:
+        os.chmod(temp, FILE_MODE)
+        target = self.layout.blob(digest)
+        os.replace(temp, target)
+        os.utime(target)
+        _fsync_dir(self.layout.blobs)
+        return target
+
+    def put_stream(self, src: BinaryIO, expected: Digest | None = None) -> Digest:
+        """Copy a stream into a new blob, hashing as it goes; verify against `expected`."""
+        with self.temp_file() as (f, temp):
+            h = hashlib.sha256()
+            while chunk := src.read(CHUNK):
+                h.update(chunk)
+                f.write(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+            digest = Digest(h.hexdigest())
+            if expected is not None and digest != expected:
+                raise CorruptBlobError(f"digest mismatch for {expected}: got {digest}")
+            if self.has(digest):
+                return digest
+            f.close()
+            self._install(temp, digest)
+        return digest
+
+    def put_bytes(self, data: bytes) -> Digest:
+        digest = Digest.of_bytes(data)
+        if self.has(digest):
+            return digest
+        with self.temp_file() as (f, temp):
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+            f.close()
+            self._install(temp, digest)
+        return digest
+
+    def _replace_file(self, target: Path, data: bytes) -> None:
+        target.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        with self.temp_file("manifest-") as (f, temp):
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+            f.close()
+            os.chmod(temp, FILE_MODE)
+            if temp.stat().st_dev != target.parent.stat().st_dev:
+                raise StoreError(f"{self.layout.tmp} and {target.parent} are on different devices")
+            os.replace(temp, target)
+        _fsync_dir(target.parent)
+
+    def write_legacy_manifest(self, name: Name, raw: bytes) -> Path:
+        """`manifests/<host>/<ns>/<model>/<tag>`, byte for byte (what Ollama ≤ 0.39 reads)."""
+        target = self.layout.legacy_manifest(name)
+        self._replace_file(target, raw)
+        return target
+
+    def write_v2_manifest(self, name: Name, raw: bytes) -> Path:
+        """Store the manifest bytes as a blob and point `manifests-v2/…/<tag>` at it.
+
+        A relative symlink, as Ollama writes it; a hardlink where symlinks fail, then a copy.
+        """
+        digest = self.put_bytes(raw)
+        target = self.layout.v2_manifest(name)
+        target.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        blob = self.layout.blob(digest)
+        # The link is made in our tmp dir and renamed into place, so no half-made entry ever
+        # sits at depth 4 of manifests-v2/, where Ollama would take it for a bad manifest.
+        link = self.layout.tmp / f"link-{os.getpid()}-{digest.hex[:16]}"
+        with contextlib.suppress(FileNotFoundError):
+            link.unlink()
+        try:
+            os.symlink(os.path.relpath(blob, target.parent), link)
+        except OSError:
+            try:
+                os.link(blob, link)
+            except OSError:
+                self._replace_file(target, raw)
+                return target
+        os.replace(link, target)
+        _fsync_dir(target.parent)
+        return target

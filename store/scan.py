@@ -1,0 +1,414 @@
+"""A read-only snapshot of a store: every tag, what it points to, and what is wrong.
+
+Problems (stray files, broken manifests, missing or misnamed blobs) are data, never
+exceptions: one bad file must not hide the rest of the store, and must not be deleted.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from store.digest import Digest, is_blob_name
+from store.errors import (
+    InvalidDigestError,
+    InvalidNameError,
+    ManifestError,
+    ModelNotFoundError,
+    StoreError,
+)
+from store.layout import Layout
+from store.manifest import (
+    MAX_CONFIG_BYTES,
+    MAX_MANIFEST_BYTES,
+    ListChild,
+    Manifest,
+    ManifestList,
+    ModelConfig,
+    infer_runner,
+    parse_config,
+    parse_manifest,
+)
+from store.names import Name, name_from_path_parts, parse_name
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PREFER: tuple[str, ...] = ("llamacpp", "ggml", "mlx")
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """Something wrong in the store, found by a scan. `path` is relative to the root."""
+
+    kind: str  # stray | bad-manifest | missing-blob | bad-blob | foreign-blob | missing-child
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """One runnable manifest of a tag: the tag itself, or one child of its manifest list."""
+
+    manifest: Manifest
+    runner: str | None
+    format: str | None
+    from_list: bool
+
+
+@dataclass(slots=True)
+class Entry:
+    """A tag in the store and what it resolves to."""
+
+    name: Name
+    source: str  # "v2" | "legacy"
+    path: Path
+    top: Manifest | ManifestList
+    mtime_ns: int
+    variants: tuple[Variant, ...]
+    absent_children: tuple[ListChild, ...] = ()
+
+    @property
+    def mtime(self) -> float:
+        return self.mtime_ns / 1e9
+
+    @property
+    def digest(self) -> Digest:
+        """The digest of the bytes the tag names (a list's own digest for a list)."""
+        return self.top.digest
+
+    def preferred(self, prefer: Iterable[str] = DEFAULT_PREFER) -> Variant | None:
+        """The variant to show at the plain tag: first by `prefer`, then any other present."""
+        order = [p.lower() for p in prefer]
+
+        def rank(v: Variant) -> int:
+            runner = (v.runner or "").lower()
+            return order.index(runner) if runner in order else len(order)
+
+        return min(self.variants, key=rank, default=None)
+
+    def variant(self, runner: str) -> Variant | None:
+        for v in self.variants:
+            if v.from_list and (v.runner or "").lower() == runner.lower():
+                return v
+        return None
+
+
+@dataclass(slots=True)
+class BlobInfo:
+    size: int
+    mtime: float
+
+
+@dataclass
+class StoreIndex:
+    layout: Layout
+    entries: dict[tuple[str, str, str, str], Entry] = field(default_factory=dict)
+    problems: list[Problem] = field(default_factory=list)
+    blob_names: set[str] = field(default_factory=set)
+    _configs: dict[Digest, ModelConfig | None] = field(default_factory=dict, repr=False)
+    _blob_info: dict[Digest, BlobInfo | None] = field(default_factory=dict, repr=False)
+
+    # -- lookups -------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Entry]:
+        return iter(self.entries.values())
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def lookup(self, name: Name | str) -> Entry:
+        """Case-insensitive lookup, as Ollama's getExistingName; raise ModelNotFoundError."""
+        parsed = parse_name(name) if isinstance(name, str) else name
+        entry = self.entries.get(parsed.key)
+        if entry is None:
+            raise ModelNotFoundError(f"model {str(name)!r} not found")
+        return entry
+
+    def has_blob(self, digest: Digest) -> bool:
+        return digest.blob_name in self.blob_names
+
+    def blob_info(self, digest: Digest) -> BlobInfo | None:
+        """Size and mtime of a present blob, or None (absent, or not a regular file)."""
+        if digest in self._blob_info:
+            return self._blob_info[digest]
+        info: BlobInfo | None = None
+        if self.has_blob(digest):
+            try:
+                st = os.stat(self.layout.blob(digest), follow_symlinks=False)
+                if stat.S_ISREG(st.st_mode):
+                    info = BlobInfo(st.st_size, st.st_mtime)
+            except OSError:
+                pass
+        self._blob_info[digest] = info
+        return info
+
+    def config(self, manifest: Manifest) -> ModelConfig | None:
+        """The parsed config blob of a manifest; None when absent or unreadable."""
+        if manifest.config is None:
+            return None
+        digest = manifest.config.digest
+        if digest not in self._configs:
+            self._configs[digest] = self._read_config(digest)
+        return self._configs[digest]
+
+    def _read_config(self, digest: Digest) -> ModelConfig | None:
+        if not self.has_blob(digest):
+            return None
+        try:
+            raw = _read_limited(self.layout.blob(digest), MAX_CONFIG_BYTES)
+            return parse_config(raw, f"blobs/{digest.blob_name}")
+        except (OSError, StoreError) as exc:
+            log.warning("config %s: %s", digest, exc)
+            return None
+
+    def missing_blobs(self, manifest: Manifest) -> list[Digest]:
+        """Blobs the manifest needs that are absent or shorter/longer than it says."""
+        missing = []
+        sizes = {layer.digest: layer.size for layer in manifest.layers}
+        if manifest.config is not None:
+            sizes[manifest.config.digest] = manifest.config.size
+        for digest, size in sizes.items():
+            info = self.blob_info(digest)
+            if info is None or info.size != size:
+                missing.append(digest)
+        return missing
+
+    def sorted_entries(self) -> list[Entry]:
+        """Newest first, as `ollama list`; ties by name for a stable order."""
+        return sorted(self.entries.values(), key=lambda e: (-e.mtime_ns, e.name.shortest))
+
+
+def _read_limited(path: Path, limit: int) -> bytes:
+    with open(path, "rb") as f:
+        data = f.read(limit + 1)
+    return data
+
+
+def _walk_depth4(root: Path) -> Iterator[tuple[tuple[str, ...], os.DirEntry[str] | None, str]]:
+    """Yield (parts, dir entry, problem) for everything at or above depth 4 that is not a dir
+    on the way down. Depth-4 entries that are files or symlinks are candidates; anything else
+    out of place is yielded with a problem text."""
+
+    def walk(
+        path: Path, parts: tuple[str, ...]
+    ) -> Iterator[tuple[tuple[str, ...], os.DirEntry[str] | None, str]]:
+        try:
+            it = os.scandir(path)
+        except NotADirectoryError:
+            return
+        except OSError as exc:
+            yield parts, None, f"cannot list: {exc.strerror}"
+            return
+        with it:
+            for de in sorted(it, key=lambda d: d.name):
+                sub = (*parts, de.name)
+                if len(sub) < 4:
+                    if de.is_dir(follow_symlinks=False):
+                        yield from walk(Path(de.path), sub)
+                    else:
+                        yield sub, de, "stray file (not a manifest: wrong depth)"
+                elif de.is_dir(follow_symlinks=False):
+                    yield sub, de, "stray directory where a manifest should be"
+                else:
+                    yield sub, de, ""
+
+    if root.is_dir():
+        yield from walk(root, ())
+
+
+class Scanner:
+    """Builds a StoreIndex. Reads manifests only; blobs are listed, not hashed, except the
+    manifest blobs a v2 tag or a list points at, which must hash to their names."""
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
+        self.index = StoreIndex(layout)
+        self._manifest_blobs: dict[Digest, Manifest | ManifestList | StoreError] = {}
+
+    def scan(self) -> StoreIndex:
+        self._list_blobs()
+        self._scan_tree(self.layout.manifests_v2, v2=True)
+        self._scan_tree(self.layout.manifests, v2=False)
+        for entry in self.index.entries.values():
+            for variant in entry.variants:
+                self._check_blobs(entry, variant)
+        return self.index
+
+    # -- blobs ---------------------------------------------------------------------------
+    def _list_blobs(self) -> None:
+        try:
+            it = os.scandir(self.layout.blobs)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            self._problem("bad-blob", "blobs", f"cannot list: {exc.strerror}")
+            return
+        with it:
+            for de in it:
+                if is_blob_name(de.name):
+                    if de.is_symlink() or not de.is_file(follow_symlinks=False):
+                        # A blob that is a link could point anywhere (/etc/passwd); never serve it.
+                        self._problem("bad-blob", f"blobs/{de.name}", "not a regular file")
+                    else:
+                        self.index.blob_names.add(de.name)
+                elif de.name.startswith("sha256:"):
+                    self._problem(
+                        "foreign-blob",
+                        f"blobs/{de.name}",
+                        "named with ':' (copied from another OS); rename it to sha256-…",
+                    )
+                elif de.name.startswith("sha256-") and _is_upper_blob(de.name):
+                    self._problem("foreign-blob", f"blobs/{de.name}", "uppercase hex in name")
+                else:
+                    # Ollama's own partials and temp files live here too; they are not ours to
+                    # judge, but a user asking "what is this 40 GB file" deserves a line.
+                    self._problem("stray", f"blobs/{de.name}", "not a blob name")
+
+    # -- manifests -----------------------------------------------------------------------
+    def _scan_tree(self, root: Path, *, v2: bool) -> None:
+        top = root.name
+        for parts, de, problem in _walk_depth4(root):
+            rel = "/".join((top, *parts))
+            if problem:
+                self._problem("stray", rel, problem)
+                continue
+            assert de is not None
+            try:
+                name = name_from_path_parts(parts, v2=v2)
+            except InvalidNameError:
+                self._problem("stray", rel, "not a valid model name")
+                continue
+            if name.key in self.index.entries:
+                if v2 or self.index.entries[name.key].source == "legacy":
+                    self._problem("stray", rel, f"duplicate of {self.index.entries[name.key].path}")
+                # else: v2 hides legacy for the same name (the legacy file is an anchor).
+                continue
+            try:
+                entry = self._read_entry(name, Path(de.path), root, v2=v2)
+            except StoreError as exc:
+                self._problem("bad-manifest", rel, str(exc).removeprefix(f"{rel}: "))
+                continue
+            self.index.entries[name.key] = entry
+
+    def _read_entry(self, name: Name, path: Path, root: Path, *, v2: bool) -> Entry:
+        rel = str(path.relative_to(self.layout.root))
+        raw, st = self._read_manifest_file(path, root, rel)
+        top = parse_manifest(raw, rel)
+        if isinstance(top, ManifestList):
+            variants, absent = self._resolve_list(top, rel)
+        else:
+            config = self.index.config(top)
+            runner = infer_runner(top, config)
+            fmt = top.format or (config.model_format if config else None) or None
+            variants, absent = (Variant(top, runner, fmt, False),), ()
+        return Entry(
+            name=name,
+            source="v2" if v2 else "legacy",
+            path=path,
+            top=top,
+            mtime_ns=st.st_mtime_ns,
+            variants=variants,
+            absent_children=absent,
+        )
+
+    def _read_manifest_file(self, path: Path, root: Path, rel: str) -> tuple[bytes, os.stat_result]:
+        """Read a tag file; a symlink must land on a blob whose bytes hash to its name."""
+        try:
+            lst = os.lstat(path)
+            if stat.S_ISLNK(lst.st_mode):
+                target = Path(os.path.realpath(path))
+                blobs = Path(os.path.realpath(self.layout.blobs))
+                if target.parent != blobs or not is_blob_name(target.name):
+                    raise ManifestError(f"{rel}: link points outside blobs/ ({os.readlink(path)})")
+                raw = _read_limited(target, MAX_MANIFEST_BYTES)
+                if Digest.of_bytes(raw) != Digest.parse(target.name):
+                    raise ManifestError(f"{rel}: linked blob {target.name} does not match its hash")
+                return raw, os.stat(target)
+            if not stat.S_ISREG(lst.st_mode):
+                raise ManifestError(f"{rel}: not a regular file")
+            with open(path, "rb") as f:
+                st = os.fstat(f.fileno())
+                raw = f.read(MAX_MANIFEST_BYTES + 1)
+            return raw, st
+        except OSError as exc:
+            raise ManifestError(f"{rel}: {exc.strerror or exc}") from None
+
+    def _manifest_blob(self, digest: Digest) -> Manifest | ManifestList | StoreError:
+        """A manifest stored as a blob, verified against its name; errors are cached too."""
+        if digest in self._manifest_blobs:
+            return self._manifest_blobs[digest]
+        rel = f"blobs/{digest.blob_name}"
+        result: Manifest | ManifestList | StoreError
+        if not self.index.has_blob(digest):
+            result = ManifestError(f"{rel}: missing")
+        else:
+            try:
+                raw = _read_limited(self.layout.blob(digest), MAX_MANIFEST_BYTES)
+                if Digest.of_bytes(raw) != digest:
+                    result = ManifestError(f"{rel}: bytes do not match the name")
+                else:
+                    result = parse_manifest(raw, rel)
+            except OSError as exc:
+                result = ManifestError(f"{rel}: {exc.strerror}")
+            except StoreError as exc:
+                result = exc
+        self._manifest_blobs[digest] = result
+        return result
+
+    def _resolve_list(
+        self, top: ManifestList, rel: str
+    ) -> tuple[tuple[Variant, ...], tuple[ListChild, ...]]:
+        variants: list[Variant] = []
+        absent: list[ListChild] = []
+        for child in top.children:
+            if child.inline is not None:
+                manifest: Manifest | ManifestList | StoreError = child.inline
+            else:
+                manifest = self._manifest_blob(child.digest)
+            if isinstance(manifest, ManifestList):
+                self._problem("bad-manifest", rel, f"child {child.digest} is itself a list")
+                continue
+            if isinstance(manifest, StoreError):
+                # A pull fetches only the chosen child, so an absent child is normal; a present
+                # but broken one is not.
+                if self.index.has_blob(child.digest):
+                    self._problem("bad-manifest", rel, f"child {child.digest}: {manifest}")
+                absent.append(child)
+                continue
+            config = self.index.config(manifest)
+            runner = child.runner or infer_runner(manifest, config)
+            fmt = child.format or manifest.format or (config.model_format if config else None)
+            variants.append(Variant(manifest, runner, fmt or None, True))
+        return tuple(variants), tuple(absent)
+
+    def _check_blobs(self, entry: Entry, variant: Variant) -> None:
+        for digest in self.index.missing_blobs(variant.manifest):
+            info = self.index.blob_info(digest)
+            what = "missing" if info is None else f"wrong size ({info.size} bytes)"
+            self._problem(
+                "missing-blob",
+                str(entry.path.relative_to(self.layout.root)),
+                f"blob {digest} {what}",
+            )
+
+    def _problem(self, kind: str, path: str, message: str) -> None:
+        self.index.problems.append(Problem(kind, path, message))
+
+
+def _is_upper_blob(name: str) -> bool:
+    try:
+        Digest.parse(name)
+    except InvalidDigestError:
+        return False
+    return True
+
+
+def scan_store(root: str | os.PathLike[str] | Layout) -> StoreIndex:
+    layout = root if isinstance(root, Layout) else Layout(root)
+    return Scanner(layout).scan()

@@ -1,0 +1,214 @@
+"""The store scan against stores built in each test, including every kind of damage."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from store.digest import Digest
+from store.errors import ModelNotFoundError
+from store.files import model_files
+from store.manifest import MEDIA_LIST, ManifestList
+from store.names import parse_name
+from store.scan import scan_store
+from tests.builders import TinyStore, compact
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> TinyStore:
+    return TinyStore(tmp_path / "models")
+
+
+def kinds(index: object) -> list[tuple[str, str]]:
+    return sorted((p.kind, p.path) for p in index.problems)  # type: ignore[attr-defined]
+
+
+def test_legacy_models_and_lookup(tiny: TinyStore) -> None:
+    raw = tiny.gguf_model("llama3.2:3b")
+    tiny.gguf_model("someuser/tiny:q8", payload=b"other weights")
+    tiny.gguf_model("hf.co/bartowski/SmolLM2:Q4_K_M", payload=b"hf weights")
+    index = scan_store(tiny.root)
+    assert index.problems == []
+    assert sorted(e.name.shortest for e in index) == [
+        "hf.co/bartowski/SmolLM2:Q4_K_M",
+        "llama3.2:3b",
+        "someuser/tiny:q8",
+    ]
+    entry = index.lookup("LLAMA3.2:3B")
+    assert entry.name.shortest == "llama3.2:3b"  # on-disk spelling wins
+    assert entry.digest == Digest.of_bytes(raw)
+    assert entry.source == "legacy"
+    (variant,) = entry.variants
+    assert variant.runner == "ggml" and variant.format == "gguf" and not variant.from_list
+    with pytest.raises(ModelNotFoundError):
+        index.lookup("nope")
+
+
+def test_v2_symlink_list_and_anchor(tiny: TinyStore) -> None:
+    gguf_child = tiny.manifest([tiny.layer("model", b"weights")], runner="llamacpp", format="gguf")
+    mlx_child = tiny.manifest(
+        [
+            tiny.layer("tensor", b"t0", name="a.weight"),
+            tiny.layer("json", b"{}", name="config.json"),
+        ],
+        {"model_format": "safetensors"},
+    )
+    absent_child = compact({"schemaVersion": 2, "layers": []})
+    lst = tiny.manifest_list(
+        [
+            (gguf_child, "llamacpp", "gguf"),
+            (mlx_child, "mlx", "safetensors"),
+            (absent_child, "ggml", "gguf"),
+        ]
+    )
+    # The third child was never pulled here: only its reference exists.
+    tiny.layout.blob(Digest.of_bytes(absent_child)).unlink()
+    path = tiny.v2("gemma4:26b", lst)
+    assert path.is_symlink() and not os.readlink(path).startswith("/")
+    # Ollama's compat migration keeps a legacy anchor; v2 hides it.
+    tiny.legacy("gemma4:26b", gguf_child)
+    index = scan_store(tiny.root)
+    assert index.problems == []
+    (entry,) = list(index)
+    assert entry.source == "v2" and isinstance(entry.top, ManifestList)
+    assert entry.digest == Digest.of_bytes(lst)
+    assert [v.runner for v in entry.variants] == ["llamacpp", "mlx"]
+    assert [c.runner for c in entry.absent_children] == ["ggml"]
+    assert entry.preferred().runner == "llamacpp"  # type: ignore[union-attr]
+    assert entry.preferred(("mlx", "llamacpp")).runner == "mlx"  # type: ignore[union-attr]
+    assert entry.preferred(("ggml",)).runner == "llamacpp"  # type: ignore[union-attr]
+    assert entry.variant("MLX").manifest.raw == mlx_child  # type: ignore[union-attr]
+
+
+def test_v2_hardlink_and_copy(tiny: TinyStore) -> None:
+    raw = tiny.manifest([tiny.layer("model", b"w")])
+    blob = tiny.layout.blob(tiny.blob(raw))
+    for tag, make in (
+        ("hard", os.link),
+        ("copy", lambda a, b: Path(b).write_bytes(Path(a).read_bytes())),
+    ):
+        target = tiny.layout.v2_manifest(parse_name(f"m:{tag}"))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        make(blob, target)
+    index = scan_store(tiny.root)
+    assert index.problems == []
+    assert {e.name.tag for e in index} == {"hard", "copy"}
+    assert all(e.digest == Digest.of_bytes(raw) for e in index)
+
+
+def test_foreign_and_broken_files_are_reported_not_fatal(tiny: TinyStore) -> None:
+    tiny.gguf_model("good:1")
+    m = tiny.layout.manifests / "registry.ollama.ai" / "library"
+    (m / ".DS_Store").write_bytes(b"\0\0\0\1Bud1")
+    (m / "good" / ".DS_Store").write_bytes(b"junk")
+    (m / "empty").mkdir()
+    (m / "empty" / "latest").write_bytes(b"")
+    (m / "trunc").mkdir()
+    (m / "trunc" / "latest").write_bytes(b'{"schemaVersion":2,"layers":[{"mediaT')
+    (m / "deep" / "x").mkdir(parents=True)
+    (m / "deep" / "x" / "y").write_bytes(b"{}")
+    (tiny.layout.manifests / "README").write_text("hi")
+    blob_hex = "cd" * 32
+    (tiny.layout.blobs / f"sha256:{blob_hex}").write_bytes(b"x")
+    (tiny.layout.blobs / f"sha256-{blob_hex}-partial").write_bytes(b"x")
+    index = scan_store(tiny.root)
+    assert [e.name.shortest for e in index] == ["good:1"]
+    found = kinds(index)
+    assert ("stray", "manifests/registry.ollama.ai/library/.DS_Store") in found
+    assert ("stray", "manifests/registry.ollama.ai/library/good/.DS_Store") in found
+    assert ("bad-manifest", "manifests/registry.ollama.ai/library/empty/latest") in found
+    assert ("bad-manifest", "manifests/registry.ollama.ai/library/trunc/latest") in found
+    assert ("stray", "manifests/registry.ollama.ai/library/deep/x") in found
+    assert ("stray", "manifests/README") in found
+    assert ("foreign-blob", f"blobs/sha256:{blob_hex}") in found
+    assert ("stray", f"blobs/sha256-{blob_hex}-partial") in found
+    messages = {p.path: p.message for p in index.problems}
+    assert messages["manifests/registry.ollama.ai/library/empty/latest"] == "empty file"
+    # Reporting deletes nothing.
+    assert (m / "empty" / "latest").exists() and (m / ".DS_Store").exists()
+
+
+def test_missing_and_truncated_blobs(tiny: TinyStore) -> None:
+    raw = tiny.gguf_model("m:1", payload=b"0123456789")
+    manifest = json.loads(raw)
+    model = Digest.parse(manifest["layers"][0]["digest"])
+    lic = Digest.parse(manifest["layers"][2]["digest"])
+    tiny.layout.blob(model).write_bytes(b"01234")  # truncated in place
+    tiny.layout.blob(lic).unlink()
+    index = scan_store(tiny.root)
+    entry = index.lookup("m:1")
+    assert set(index.missing_blobs(entry.variants[0].manifest)) == {model, lic}
+    msgs = sorted(p.message for p in index.problems if p.kind == "missing-blob")
+    assert msgs == sorted([f"blob {lic} missing", f"blob {model} wrong size (5 bytes)"])
+
+
+def test_hostile_links(tiny: TinyStore, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.write_bytes(b'{"layers":[]}')
+    raw = tiny.manifest([tiny.layer("model", b"w")])
+    digest = tiny.blob(raw)
+    v2 = tiny.layout.manifests_v2 / "ollama.com" / "library" / "evil"
+    v2.mkdir(parents=True)
+    (v2 / "out").symlink_to(outside)
+    (v2 / "etc").symlink_to("/etc/passwd")
+    # A link to a blob whose bytes do not match its name.
+    fake = Digest("ef" * 32)
+    tiny.layout.blob(fake).write_bytes(raw)
+    (v2 / "lie").symlink_to(os.path.relpath(tiny.layout.blob(fake), v2))
+    (v2 / "ok").symlink_to(os.path.relpath(tiny.layout.blob(digest), v2))
+    # A blob that is itself a symlink out of the store is never taken as present.
+    linked = Digest("12" * 32)
+    tiny.layout.blob(linked).symlink_to("/etc/passwd")
+    index = scan_store(tiny.root)
+    assert [e.name.tag for e in index] == ["ok"]
+    bad = {p.path: p.message for p in index.problems}
+    assert "outside blobs/" in bad["manifests-v2/ollama.com/library/evil/out"]
+    assert "outside blobs/" in bad["manifests-v2/ollama.com/library/evil/etc"]
+    assert "does not match" in bad["manifests-v2/ollama.com/library/evil/lie"]
+    assert bad[f"blobs/{linked.blob_name}"] == "not a regular file"
+    assert not index.has_blob(linked)
+
+
+def test_corrupt_list_child_is_reported(tiny: TinyStore) -> None:
+    child = tiny.manifest([tiny.layer("model", b"w")])
+    lst = tiny.manifest_list([(child, "llamacpp", "gguf")])
+    tiny.v2("m:t", lst)
+    tiny.layout.blob(Digest.of_bytes(child)).write_bytes(child.replace(b"model", b"MODEL"))
+    index = scan_store(tiny.root)
+    entry = index.lookup("m:t")
+    assert entry.variants == () and len(entry.absent_children) == 1
+    assert any("do not match the name" in p.message for p in index.problems)
+
+
+def test_newest_first(tiny: TinyStore) -> None:
+    for i, name in enumerate(["a:1", "b:1", "c:1"]):
+        raw = tiny.manifest([tiny.layer("model", name.encode())])
+        tiny.legacy(name, raw, mtime=1_700_000_000 + i * 100)
+    index = scan_store(tiny.root)
+    assert [e.name.shortest for e in index.sorted_entries()] == ["c:1", "b:1", "a:1"]
+
+
+def test_duplicate_spellings_in_one_layout(tiny: TinyStore) -> None:
+    raw = tiny.manifest([tiny.layer("model", b"w")])
+    tiny.legacy("m:t", raw)
+    tiny.legacy("M:T", raw)
+    index = scan_store(tiny.root)
+    assert len(index) == 1
+    assert [p.kind for p in index.problems] == ["stray"]
+
+
+def test_list_media_type_in_anchor_layers_gets_a_fallback_file(tiny: TinyStore) -> None:
+    lst = tiny.manifest_list([])
+    raw = tiny.manifest([tiny.layer("model", b"w"), tiny.layer(MEDIA_LIST, lst)])
+    tiny.legacy("m:t", raw)
+    index = scan_store(tiny.root)
+    files = [f.path for f in model_files(index.lookup("m:t").variants[0].manifest)]
+    assert files == ["model.gguf", ".ollama/layers/1-application_vnd.ollama.manifest.list.v2+json"]
+
+
+def test_empty_or_absent_store(tmp_path: Path) -> None:
+    assert len(scan_store(tmp_path)) == 0
+    assert scan_store(tmp_path).problems == []
