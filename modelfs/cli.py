@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TextIO
 
 from store.errors import StoreError
 from store.layout import find_store_root
@@ -77,6 +78,33 @@ def cmd_demo_store(args: argparse.Namespace) -> int:
     return demo_main(argv)
 
 
+def cmd_mount(args: argparse.Namespace) -> int:
+    from fsd.mount import Mount, MountError
+
+    root = find_store_root(args.store)
+    try:
+        Mount(
+            root,
+            args.mountpoint,
+            prefer=args.prefer,
+            data=args.data,
+            allow_other=args.allow_other,
+        ).run()
+    except MountError as exc:
+        raise UserError(str(exc)) from None
+    return 0
+
+
+def cmd_umount(args: argparse.Namespace) -> int:
+    from fsd.mount import MountError, unmount
+
+    try:
+        unmount(args.mountpoint)
+    except MountError as exc:
+        raise UserError(str(exc)) from None
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -112,11 +140,52 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefer", type=_prefer, default=DEFAULT_PREFER, metavar="RUNNERS")
     p.set_defaults(func=cmd_show)
 
+    p = sub.add_parser("mount", parents=[common], help="show the store by name at MOUNTPOINT")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", type=Path)
+    p.add_argument("--allow-other", action="store_true", help="let other users read the mount")
+    p.add_argument(
+        "--prefer",
+        type=_prefer,
+        default=DEFAULT_PREFER,
+        metavar="RUNNERS",
+        help="variant shown at a plain tag (default: llamacpp,ggml,mlx)",
+    )
+    p.add_argument(
+        "--data",
+        choices=("fuse", "symlink"),
+        default="fuse",
+        help="serve blob-backed files (fuse) or link them to the blobs (symlink)",
+    )
+    p.set_defaults(func=cmd_mount)
+
+    p = sub.add_parser("umount", parents=[common], help="unmount a modelfs mount")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", type=Path)
+    p.set_defaults(func=cmd_umount)
+
     p = sub.add_parser("demo-store", parents=[common], help="write a demo store into DIR")
     p.add_argument("dir", metavar="DIR", type=Path)
     p.add_argument("--size", help="size of the main model blob, e.g. 1G (default: small)")
     p.set_defaults(func=cmd_demo_store)
     return parser
+
+
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever `sys.stderr` is when a record is emitted, not when it was made.
+
+    `run()` may be called more than once in a process (tests, the demo); a handler bound to
+    the stderr of the first call would write the later calls' logs to a stale stream.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property  # type: ignore[override]
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: TextIO) -> None:
+        pass
 
 
 def _setup_logging(args: argparse.Namespace) -> None:
@@ -125,8 +194,27 @@ def _setup_logging(args: argparse.Namespace) -> None:
         level = logging.DEBUG
     elif getattr(args, "quiet", False):
         level = logging.ERROR
+    # Not logging.basicConfig: it does nothing once the root logger has a handler (a second
+    # run() in one process, or pytest's log capture), so the store root would go unlogged.
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, _StderrHandler)]:
+        root.removeHandler(old)
+    handler = _StderrHandler()
     # No timestamps of our own: a terminal does not need them and the journal adds its own.
-    logging.basicConfig(level=level, format="modelfs: %(message)s", stream=sys.stderr)
+    handler.setFormatter(logging.Formatter("modelfs: %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(level)
+
+
+def _one_line(text: str) -> str:
+    """An error message as one line, whatever a path or name in it contains."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
+def _os_error(exc: OSError) -> str:
+    if exc.strerror and exc.filename is not None:
+        return f"{exc.filename}: {exc.strerror}"
+    return exc.strerror or str(exc)
 
 
 def run(argv: Sequence[str] | None = None) -> int:
@@ -135,14 +223,23 @@ def run(argv: Sequence[str] | None = None) -> int:
     _setup_logging(args)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
-        return func(args)
+        status = func(args)
+        # Flush here, not at exit: a reader that went away (`modelfs ls | head -1`) must be
+        # seen while BrokenPipeError can still be handled, or Python prints a traceback-like
+        # "Exception ignored" and exits 120.
+        sys.stdout.flush()
+        return status
     except (StoreError, UserError) as exc:
-        print(f"modelfs: error: {exc}", file=sys.stderr)
+        print(f"modelfs: error: {_one_line(str(exc))}", file=sys.stderr)
         return 1
     except BrokenPipeError:
         # `modelfs ls | head` is not an error.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as exc:
+        # An unreadable or unnamable store (EACCES, ENAMETOOLONG, EIO): the user's to fix.
+        print(f"modelfs: error: {_one_line(_os_error(exc))}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

@@ -4,36 +4,39 @@ from __future__ import annotations
 
 import math
 import time
-from datetime import UTC, datetime
 
 _UNITS = ((1000**4, "TB"), (1000**3, "GB"), (1000**2, "MB"), (1000, "KB"))
+_HOUR_NS = 3600 * 1_000_000_000
 
 
 def human_bytes(n: int) -> str:
     """Decimal units, as Ollama's format.HumanBytes: `17 GB`, `2.5 GB`, `300 B`."""
     for scale, unit in _UNITS:
         if n >= scale:
-            value = n / scale
+            value = float(n) / scale  # Go divides float64(b), rounded first
             if value >= 10 or value == math.trunc(value):
                 return f"{int(value)} {unit}"
             return f"{value:.1f} {unit}"
     return f"{n} B"
 
 
-def _duration(seconds: float) -> str:
-    s = int(seconds)
-    if s < 1:
+def _duration(ns: int) -> str:
+    """Go's humanDuration, in integer nanoseconds as time.Duration is (`ns` >= 0)."""
+    seconds = ns // 1_000_000_000
+    if seconds < 1:
         return "Less than a second"
-    if s == 1:
+    if seconds == 1:
         return "1 second"
-    if s < 60:
-        return f"{s} seconds"
-    minutes = s // 60
+    if seconds < 60:
+        return f"{seconds} seconds"
+    minutes = ns // 60_000_000_000
     if minutes == 1:
         return "About a minute"
     if minutes < 60:
         return f"{minutes} minutes"
-    hours = round(seconds / 3600)
+    # Go's math.Round rounds half away from zero; Python's round() would give 2 for 2.5 h.
+    whole_hours, rest = divmod(ns, _HOUR_NS)
+    hours = whole_hours + (1 if 2 * rest >= _HOUR_NS else 0)
     if hours == 1:
         return "About an hour"
     if hours < 48:
@@ -44,35 +47,53 @@ def _duration(seconds: float) -> str:
         return f"{hours // 24 // 7} weeks"
     if hours < 24 * 365 * 2:
         return f"{hours // 24 // 30} months"
-    return f"{int(seconds / 3600 / 24 / 365)} years"
+    return f"{whole_hours // 24 // 365} years"
 
 
 def human_time(ts: float, now: float | None = None) -> str:
-    delta = (time.time() if now is None else now) - ts
+    """`ollama list`'s MODIFIED column (format.HumanTime): `2 weeks ago`, `3 hours from now`."""
+    delta = round(((time.time() if now is None else now) - ts) * 1e9)
     if delta < 0:
+        # Go: int(delta.Hours())/24/365 < -20, with division truncating toward zero.
+        if -delta // _HOUR_NS // (24 * 365) > 20:
+            return "Forever"
         return f"{_duration(-delta)} from now"
     return f"{_duration(delta)} ago"
 
 
 def rfc3339_nano(mtime_ns: int) -> str:
-    """Go's time.RFC3339Nano in local time: trailing zeros of the fraction dropped."""
+    """Go's time.Format(time.RFC3339Nano) in local time, as Ollama's JSON prints a mtime.
+
+    The fraction loses its trailing zeros (and its dot when zero); a zero UTC offset prints
+    `Z`; an offset with seconds (pre-1900 local mean time) is cut to minutes, as Go does.
+    """
     seconds, nanos = divmod(mtime_ns, 1_000_000_000)
-    local = datetime.fromtimestamp(seconds, UTC).astimezone()
-    text = local.strftime("%Y-%m-%dT%H:%M:%S")
+    try:
+        t = time.localtime(seconds)
+        offset = t.tm_gmtoff or 0
+    except (OverflowError, OSError, ValueError):
+        t, offset = time.gmtime(seconds), 0
+    year = f"-{-t.tm_year:04d}" if t.tm_year < 0 else f"{t.tm_year:04d}"
+    text = f"{year}-{t.tm_mon:02d}-{t.tm_mday:02d}T{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d}"
     if nanos:
         text += "." + f"{nanos:09d}".rstrip("0")
-    offset = local.strftime("%z")
-    text += "Z" if offset in ("+0000", "") else f"{offset[:3]}:{offset[3:]}"
-    return text
+    if offset == 0:
+        return text + "Z"
+    zone = abs(offset) // 60  # Go: offset / 60, truncated toward zero
+    sign = "-" if offset < 0 and zone else "+"
+    return f"{text}{sign}{zone // 60:02d}:{zone % 60:02d}"
 
 
 def table(rows: list[list[str]]) -> str:
-    """Left-aligned columns separated by at least three spaces, like Ollama's tabwriter."""
+    """Left-aligned columns four spaces apart, as `ollama list` pads its tablewriter.
+
+    Ollama also leaves the padding after the last column; we trim trailing blanks.
+    """
     if not rows:
         return ""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = []
     for r in rows:
         cells = [c.ljust(w) for c, w in zip(r, widths, strict=True)]
-        lines.append("   ".join(cells).rstrip())
+        lines.append("    ".join(cells).rstrip())
     return "\n".join(lines)

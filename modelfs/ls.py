@@ -64,7 +64,8 @@ def render_table(
             [
                 m["name"],
                 m["digest"][:12],
-                human_bytes(m["size"]),
+                # Ollama prints no size for a cloud model (its weights are elsewhere).
+                "-" if m.get("remote_model") else human_bytes(m["size"]),
                 human_time(entry.mtime, now),
                 m["details"]["format"] or "-",
                 m["details"]["quantization_level"] or "-",

@@ -494,9 +494,7 @@ def read_gguf_header(f: BinaryIO, source: str, file_size: int | None = None) -> 
                 f"tensor {name!r} data [{start}, {start + nbytes}) runs past the end"
                 f" of the file ({file_size} bytes)"
             )
-        tensors.append(
-            GGUFTensor(name, shape, ggml_type, ggml_type_name(ggml_type), start, nbytes)
-        )
+        tensors.append(GGUFTensor(name, shape, ggml_type, ggml_type_name(ggml_type), start, nbytes))
     return GGUFHeader(version, kv, tuple(tensors), alignment, data_offset)
 
 

@@ -196,9 +196,7 @@ def read_safetensors_header(
     except UnicodeDecodeError as exc:
         raise err(f"{source}: header is not UTF-8 (byte {exc.start})") from None
     try:
-        obj = json.loads(
-            text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant
-        )
+        obj = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
     except _Duplicate as exc:
         raise err(f"{source}: duplicate key {str(exc.args[0])[:200]!r} in header") from None
     except _BadConstant as exc:
@@ -246,8 +244,7 @@ def read_safetensors_header(
         pos = t.end
     if file_size is not None and 8 + n + pos != file_size:
         raise err(
-            f"{source}: tensors cover {pos} bytes of data but the file holds"
-            f" {file_size - 8 - n}"
+            f"{source}: tensors cover {pos} bytes of data but the file holds {file_size - 8 - n}"
         )
     return SafetensorsHeader(n, 8 + n, metadata, tuple(tensors))
 

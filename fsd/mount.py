@@ -1,0 +1,211 @@
+"""`modelfs mount`: wire the store scan, the name tree and pyfuse3 together, and keep the tree
+in step with the store while mounted."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+
+import pyfuse3
+import trio
+
+from fsd.notify import sd_notify
+from fsd.ops import ModelOperations
+from fsd.tree import DirNode, InodeTable, NameTree, TreeBuilder
+from store.layout import Layout
+from store.scan import scan_store
+
+log = logging.getLogger(__name__)
+
+POLL_INTERVAL = 1.0  # with a 1 s name timeout, a change shows within 2 s
+READ_AHEAD_KB = 1024
+
+
+class MountError(Exception):
+    """The mount could not be set up; the message is one line for the user."""
+
+
+def store_signature(layout: Layout) -> tuple[object, ...]:
+    """Cheap fingerprint of everything that names a model: every entry of the manifest trees
+    (inode, mtime, size) and the blobs dir's mtime, which moves on every blob add or delete."""
+    sig: list[object] = []
+    for top in (layout.manifests, layout.manifests_v2):
+        stack = [(top, 0)]
+        while stack:
+            path, depth = stack.pop()
+            try:
+                with os.scandir(path) as it:
+                    for de in it:
+                        try:
+                            st = de.stat(follow_symlinks=False)
+                        except OSError:
+                            continue
+                        sig.append((de.path, st.st_ino, st.st_mtime_ns, st.st_size))
+                        if depth < 3 and de.is_dir(follow_symlinks=False):
+                            stack.append((Path(de.path), depth + 1))
+            except OSError:
+                sig.append((str(path), None))
+    for d in (layout.blobs,):
+        try:
+            st = os.stat(d)
+            sig.append((str(d), st.st_mtime_ns, st.st_ino))
+        except OSError:
+            sig.append((str(d), None))
+    sig.sort(key=repr)
+    return tuple(sig)
+
+
+def changed_entries(old: NameTree, new: NameTree) -> Iterable[tuple[int, str]]:
+    """(parent inode, name) of every entry that vanished or now points elsewhere."""
+    for inode, node in old.nodes.items():
+        if not isinstance(node, DirNode):
+            continue
+        fresh = new.nodes.get(inode)
+        fresh_children = fresh.children if isinstance(fresh, DirNode) else {}
+        for name, child in node.children.items():
+            other = fresh_children.get(name)
+            if other is None or other.inode != child.inode:
+                yield inode, name
+
+
+def _bdi_of(mountpoint: Path) -> str | None:
+    """The backing-device name ("0:NN") of a mount, from /proc/self/mountinfo."""
+    target = str(mountpoint)
+    found = None
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) > 4 and fields[4].replace("\\040", " ") == target:
+                found = fields[2]  # the last mount on that point wins
+    return found
+
+
+def raise_read_ahead(mountpoint: Path) -> None:
+    """FUSE reads arrive in read-ahead-sized requests; 1 MiB ones cut the per-request cost."""
+    bdi = _bdi_of(mountpoint)
+    if bdi is None:
+        return
+    path = Path("/sys/class/bdi") / bdi / "read_ahead_kb"
+    try:
+        path.write_text(str(READ_AHEAD_KB))
+        log.debug("read_ahead_kb=%d on %s", READ_AHEAD_KB, bdi)
+    except OSError as exc:
+        log.debug("cannot raise read-ahead (%s): %s", path, exc.strerror)
+
+
+class Mount:
+    def __init__(
+        self,
+        root: Path,
+        mountpoint: Path,
+        *,
+        prefer: tuple[str, ...],
+        data: str = "fuse",
+        allow_other: bool = False,
+    ) -> None:
+        self.layout = Layout(root)
+        self.mountpoint = mountpoint.resolve()
+        self.builder = TreeBuilder(InodeTable(), prefer=prefer, data=data)
+        self.allow_other = allow_other
+        self._signature: tuple[object, ...] = ()
+
+    def _scan(self) -> NameTree:
+        signature = store_signature(self.layout)
+        index = scan_store(self.layout)
+        self._signature = signature
+        self.models = len(index)
+        for problem in index.problems:
+            log.debug("problem: %s", problem)
+        return self.builder.build(index)
+
+    def run(self) -> None:
+        if not self.mountpoint.is_dir():
+            raise MountError(f"mount point {self.mountpoint} is not a directory")
+        if os.path.ismount(self.mountpoint):
+            raise MountError(f"{self.mountpoint} is already a mount point")
+        tree = self._scan()
+        st = os.stat(self.layout.root)
+        self.ops = ModelOperations(tree, st.st_uid, st.st_gid, self.layout.root)
+        options = set(pyfuse3.default_options) | {"fsname=modelfs", "subtype=modelfs", "ro"}
+        if self.allow_other:
+            options.add("allow_other")
+        try:
+            pyfuse3.init(self.ops, str(self.mountpoint), options)
+        except RuntimeError as exc:
+            raise MountError(f"cannot mount on {self.mountpoint}: {exc}") from None
+        clean = False
+        try:
+            trio.run(self._main)
+            clean = True
+        finally:
+            pyfuse3.close(unmount=clean)
+            if not clean:
+                # An exception: unmount anyway so the user is not left with a dead mount point.
+                with contextlib.suppress(OSError, subprocess.SubprocessError):
+                    subprocess.run(["fusermount3", "-u", "-z", str(self.mountpoint)], check=False)
+
+    async def _main(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._signals)
+            nursery.start_soon(self._watch)
+            nursery.start_soon(trio.to_thread.run_sync, raise_read_ahead, self.mountpoint)
+            log.info(
+                "mounted %s on %s (%d models)",
+                self.layout.root,
+                self.mountpoint,
+                self.models,
+            )
+            sd_notify(f"READY=1\nSTATUS=serving {self.layout.root} at {self.mountpoint}")
+            await pyfuse3.main()
+            nursery.cancel_scope.cancel()
+
+    async def _signals(self) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+            async for signum in signals:
+                if signum == signal.SIGHUP:
+                    self._signature = ()  # rescan now
+                    continue
+                log.info("%s: unmounting", signal.Signals(signum).name)
+                sd_notify("STOPPING=1")
+                pyfuse3.terminate()
+                return
+
+    async def _watch(self) -> None:
+        while True:
+            await trio.sleep(POLL_INTERVAL)
+            signature = await trio.to_thread.run_sync(store_signature, self.layout)
+            if signature == self._signature:
+                continue
+            old = self.ops.tree
+            try:
+                tree = await trio.to_thread.run_sync(self._scan)
+            except Exception:
+                # The view must survive any store state; keep serving the last good tree.
+                log.exception("rescan failed; keeping the previous view")
+                continue
+            self.ops.swap(tree)
+            stale = list(changed_entries(old, tree))
+            for parent, name in stale:
+                with contextlib.suppress(OSError):
+                    pyfuse3.invalidate_entry_async(parent, os.fsencode(name), ignore_enoent=True)
+            log.info("store changed: view rebuilt (%d entries invalidated)", len(stale))
+
+
+def unmount(mountpoint: Path) -> None:
+    if not os.path.ismount(mountpoint):
+        raise MountError(f"{mountpoint} is not a mount point")
+    for cmd in (["fusermount3", "-u", str(mountpoint)], ["umount", str(mountpoint)]):
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        except FileNotFoundError:
+            continue
+        if done.returncode == 0:
+            return
+        last = done.stderr.strip().splitlines()[-1:] or [f"exit {done.returncode}"]
+        error = last[0]
+    raise MountError(f"cannot unmount {mountpoint}: {error}")

@@ -1,0 +1,293 @@
+"""pyfuse3 operations: translate kernel requests into NameTree look-ups and blob reads.
+
+Handlers raise only FUSEError; every store-side failure is turned into an errno in
+`_errno_for`, the one place where that mapping lives.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import logging
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyfuse3
+import trio
+
+from fsd.tree import (
+    BlobNode,
+    BytesNode,
+    DirNode,
+    MergedNode,
+    NameTree,
+    Node,
+    SymlinkNode,
+)
+from store.errors import StoreError
+from store.gguf import read_gguf_header_path
+
+log = logging.getLogger(__name__)
+
+# Names resolve to new content when a tag moves, so the kernel may cache a name only briefly;
+# what an inode holds never changes, so its attributes may be cached for long.
+NAME_TIMEOUT = 1.0
+ATTR_TIMEOUT = 300.0
+IMMUTABLE_DIRS = (".blobs", ".by-digest")
+
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+
+
+def _errno_for(exc: BaseException) -> int:
+    if isinstance(exc, FileNotFoundError):
+        # The blob was collected after its tag moved, and the kernel still holds the old name.
+        # ESTALE makes the VFS redo the lookup, which finds the new tree's file.
+        return errno.ESTALE
+    if isinstance(exc, OSError) and exc.errno:
+        return exc.errno
+    if isinstance(exc, StoreError):
+        return errno.EIO
+    return errno.EIO
+
+
+@dataclass
+class _Handle:
+    node: Node
+    fd: int = -1
+    fds: dict[Path, int] = field(default_factory=dict)
+
+
+class ModelOperations(pyfuse3.Operations):
+    """A read-only view of a NameTree; `swap` installs a new tree from the store watcher."""
+
+    enable_writeback_cache = False
+
+    def __init__(self, tree: NameTree, uid: int, gid: int, statfs_path: Path) -> None:
+        super().__init__()
+        self.tree = tree
+        self.nodes: dict[int, Node] = dict(tree.nodes)
+        self.uid = uid
+        self.gid = gid
+        self.statfs_path = statfs_path
+        self._handles: dict[int, _Handle] = {}
+        self._dir_handles: dict[int, tuple[DirNode, list[tuple[str, Node]]]] = {}
+        self._next_fh = itertools.count(1)
+        self._gguf_xattrs: dict[int, dict[str, bytes]] = {}
+        self.open_blobs: dict[int, int] = {}  # digest-node inode -> open count (for leases)
+
+    def swap(self, tree: NameTree) -> None:
+        # Old inodes stay resolvable: the kernel may still hold them (open files, cached
+        # dentries), and their content is unchanged by definition.
+        self.tree = tree
+        self.nodes.update(tree.nodes)
+
+    # -- attributes ----------------------------------------------------------------------
+    def _node(self, inode: int) -> Node:
+        node = self.nodes.get(inode)
+        if node is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return node
+
+    def _attrs(self, node: Node, timeout: float = NAME_TIMEOUT) -> pyfuse3.EntryAttributes:
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = node.inode
+        a.generation = 0
+        a.entry_timeout = timeout
+        a.attr_timeout = ATTR_TIMEOUT
+        a.st_mode = node.mode
+        a.st_nlink = (
+            2 + sum(isinstance(c, DirNode) for c in node.children.values())
+            if isinstance(node, DirNode)
+            else 1
+        )
+        a.st_uid = self.uid
+        a.st_gid = self.gid
+        a.st_rdev = 0
+        a.st_size = node.size
+        a.st_blksize = 1 << 17
+        a.st_blocks = (node.size + 511) // 512
+        a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = node.mtime_ns
+        return a
+
+    async def getattr(
+        self, inode: int, ctx: pyfuse3.RequestContext | None = None
+    ) -> pyfuse3.EntryAttributes:
+        return self._attrs(self._node(inode))
+
+    async def lookup(
+        self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext | None = None
+    ) -> pyfuse3.EntryAttributes:
+        parent = self._node(parent_inode)
+        if not isinstance(parent, DirNode):
+            raise pyfuse3.FUSEError(errno.ENOTDIR)
+        text = os.fsdecode(name)
+        child = parent.children.get(text)
+        if child is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        immutable = bool(parent.path) and parent.path[0] in IMMUTABLE_DIRS
+        return self._attrs(child, ATTR_TIMEOUT if immutable else NAME_TIMEOUT)
+
+    async def forget(self, inode_list: list[tuple[int, int]]) -> None:
+        # Inode numbers are never reused during a mount, so there is nothing to release.
+        return None
+
+    # -- directories ---------------------------------------------------------------------
+    async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
+        node = self._node(inode)
+        if not isinstance(node, DirNode):
+            raise pyfuse3.FUSEError(errno.ENOTDIR)
+        fh = next(self._next_fh)
+        # A listing is a snapshot, so a tree swap mid-listing cannot skip or repeat names.
+        self._dir_handles[fh] = (node, sorted(node.children.items()))
+        return fh
+
+    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        node, entries = self._dir_handles[fh]
+        immutable = bool(node.path) and node.path[0] in IMMUTABLE_DIRS
+        for i in range(start_id, len(entries)):
+            name, child = entries[i]
+            attrs = self._attrs(child, ATTR_TIMEOUT if immutable else NAME_TIMEOUT)
+            if not pyfuse3.readdir_reply(token, os.fsencode(name), attrs, i + 1):
+                return
+
+    async def releasedir(self, fh: int) -> None:
+        self._dir_handles.pop(fh, None)
+
+    # -- files ---------------------------------------------------------------------------
+    async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+        if flags & _WRITE_FLAGS:
+            raise pyfuse3.FUSEError(errno.EROFS)
+        node = self._node(inode)
+        if isinstance(node, DirNode):
+            raise pyfuse3.FUSEError(errno.EISDIR)
+        handle = _Handle(node)
+        try:
+            if isinstance(node, BlobNode):
+                handle.fd = self._open_blob(node.path, node.size)
+                self.open_blobs[node.inode] = self.open_blobs.get(node.inode, 0) + 1
+            elif isinstance(node, MergedNode):
+                assert node.merged is not None
+                for seg in node.merged.segments:
+                    if seg.path not in handle.fds:
+                        handle.fds[seg.path] = self._open_blob(seg.path, None)
+        except OSError as exc:
+            for fd in handle.fds.values():
+                os.close(fd)
+            log.error("open %s: %s", getattr(node, "path", node.inode), exc)
+            raise pyfuse3.FUSEError(_errno_for(exc)) from None
+        fh = next(self._next_fh)
+        self._handles[fh] = handle
+        # Blob-backed content never changes under an inode, so the page cache may keep it
+        # across opens; that is what makes a second read run at memory speed.
+        return pyfuse3.FileInfo(fh=fh, keep_cache=True, direct_io=False)
+
+    @staticmethod
+    def _open_blob(path: Path, size: int | None) -> int:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or (size is not None and st.st_size != size):
+            os.close(fd)
+            raise OSError(errno.EIO, f"{path} changed size or type")
+        return fd
+
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        handle = self._handles.get(fh)
+        if handle is None:
+            raise pyfuse3.FUSEError(errno.EBADF)
+        node = handle.node
+        try:
+            if isinstance(node, BlobNode):
+                # A pread of page-cached data is faster than a thread hop, and FUSE reads are
+                # at most 1 MiB, so this stalls other requests only briefly.
+                return os.pread(handle.fd, size, off)
+            if isinstance(node, BytesNode):
+                return node.data[off : off + size]
+            if isinstance(node, MergedNode):
+                return node.read(handle.fds, off, size)
+        except OSError as exc:
+            log.error("read %s at %d: %s", getattr(node, "path", node.inode), off, exc)
+            raise pyfuse3.FUSEError(_errno_for(exc)) from None
+        raise pyfuse3.FUSEError(errno.EINVAL)
+
+    async def release(self, fh: int) -> None:
+        handle = self._handles.pop(fh, None)
+        if handle is None:
+            return
+        if handle.fd >= 0:
+            os.close(handle.fd)
+            n = self.open_blobs.get(handle.node.inode, 1) - 1
+            if n:
+                self.open_blobs[handle.node.inode] = n
+            else:
+                self.open_blobs.pop(handle.node.inode, None)
+        for fd in handle.fds.values():
+            os.close(fd)
+
+    async def readlink(self, inode: int, ctx: pyfuse3.RequestContext) -> bytes:
+        node = self._node(inode)
+        if not isinstance(node, SymlinkNode):
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        return node.target
+
+    # -- extended attributes -------------------------------------------------------------
+    async def _xattrs(self, node: Node) -> dict[str, bytes]:
+        if isinstance(node, BlobNode) and node.gguf:
+            extra = self._gguf_xattrs.get(node.inode)
+            if extra is None:
+                extra = await trio.to_thread.run_sync(_gguf_xattrs, node.path)
+                self._gguf_xattrs[node.inode] = extra
+            return {**node.xattrs, **extra}
+        return node.xattrs
+
+    async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
+        values = await self._xattrs(self._node(inode))
+        value = values.get(os.fsdecode(name))
+        if value is None:
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+        return value
+
+    async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> list[bytes]:
+        return [os.fsencode(k) for k in await self._xattrs(self._node(inode))]
+
+    # -- the filesystem ------------------------------------------------------------------
+    async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
+        st = os.statvfs(self.statfs_path)
+        out = pyfuse3.StatvfsData()
+        for attr in (
+            "f_bsize",
+            "f_frsize",
+            "f_blocks",
+            "f_bfree",
+            "f_bavail",
+            "f_files",
+            "f_ffree",
+            "f_favail",
+            "f_namemax",
+        ):
+            setattr(out, attr, getattr(st, attr))
+        return out
+
+    # -- everything that would write -----------------------------------------------------
+    async def setattr(self, *args: object) -> pyfuse3.EntryAttributes:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def _erofs(self, *args: object) -> None:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    mknod = mkdir = unlink = rmdir = symlink = rename = link = _erofs  # type: ignore[assignment]
+    create = write = setxattr = removexattr = _erofs  # type: ignore[assignment]
+
+
+def _gguf_xattrs(path: Path) -> dict[str, bytes]:
+    try:
+        header = read_gguf_header_path(path)
+    except (OSError, StoreError) as exc:
+        log.warning("%s: %s", path, exc)
+        return {}
+    return {
+        "user.modelfs.gguf.architecture": header.architecture.encode(),
+        "user.modelfs.gguf.parameter_count": str(header.parameter_count).encode(),
+        "user.modelfs.gguf.file_type": header.file_type_name.encode(),
+    }

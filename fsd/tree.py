@@ -1,0 +1,367 @@
+"""The name tree a mount shows, built from a store scan (DESIGN §3).
+
+A tree is immutable; a change in the store builds a new one. Inode numbers come from an
+`InodeTable` that lives as long as the mount, keyed by what a node *is* (a directory's path, a
+blob's digest, a small file's path and bytes), so an unchanged path keeps its inode across
+rebuilds and an inode never changes meaning, which lets `forget` be a no-op and lets an open
+file keep its bytes when its tag moves.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import stat
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from store.digest import Digest
+from store.errors import StoreError
+from store.files import ModelFile, model_files
+from store.manifest import MAX_CONFIG_BYTES
+from store.names import Name
+from store.safetensors import read_safetensors_header_path
+from store.scan import DEFAULT_PREFER, Entry, StoreIndex, Variant
+from store.views import MergedSafetensors, merge_safetensors, read_merged, render_modelfile
+
+log = logging.getLogger(__name__)
+
+ROOT_INODE = 1
+
+
+class InodeTable:
+    """Stable inode numbers for the life of a mount; never reused."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[Hashable, int] = {}
+        self._next = ROOT_INODE + 1
+
+    def get(self, key: Hashable) -> int:
+        ino = self._by_key.get(key)
+        if ino is None:
+            ino = self._next
+            self._next += 1
+            self._by_key[key] = ino
+        return ino
+
+
+@dataclass(eq=False)
+class Node:
+    inode: int
+    mtime_ns: int
+    xattrs: dict[str, bytes] = field(default_factory=dict)
+
+    mode = stat.S_IFREG | 0o444
+
+    @property
+    def size(self) -> int:
+        return 0
+
+
+@dataclass(eq=False)
+class DirNode(Node):
+    path: tuple[str, ...] = ()
+    children: dict[str, Node] = field(default_factory=dict)
+    mode = stat.S_IFDIR | 0o555
+
+    @property
+    def size(self) -> int:
+        return 4096
+
+
+@dataclass(eq=False)
+class BlobNode(Node):
+    """A file whose bytes are one blob, served from the blob file."""
+
+    digest: Digest = field(default=Digest("0" * 64))
+    path: Path = field(default=Path())
+    blob_size: int = 0
+    media_type: str = ""
+    gguf: bool = False
+
+    @property
+    def size(self) -> int:
+        return self.blob_size
+
+
+@dataclass(eq=False)
+class BytesNode(Node):
+    """A small file synthesized in memory."""
+
+    data: bytes = b""
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+
+@dataclass(eq=False)
+class MergedNode(Node):
+    """`model.safetensors`: a merged header, data read from many blobs."""
+
+    merged: MergedSafetensors | None = None
+
+    @property
+    def size(self) -> int:
+        return self.merged.size if self.merged else 0
+
+    def read(self, fds: dict[Path, int], offset: int, size: int) -> bytes:
+        assert self.merged is not None
+        return read_merged(self.merged, fds, offset, size)
+
+
+@dataclass(eq=False)
+class SymlinkNode(Node):
+    target: bytes = b""
+    mode = stat.S_IFLNK | 0o777
+
+    @property
+    def size(self) -> int:
+        return len(self.target)
+
+
+@dataclass
+class NameTree:
+    root: DirNode
+    nodes: dict[int, Node]
+    blob_nodes: dict[Digest, BlobNode]
+
+
+class TreeBuilder:
+    """Builds a NameTree from a StoreIndex. `data` is "fuse" (serve bytes) or "symlink"."""
+
+    def __init__(
+        self,
+        inodes: InodeTable,
+        *,
+        prefer: Iterable[str] = DEFAULT_PREFER,
+        data: str = "fuse",
+    ) -> None:
+        self.inodes = inodes
+        self.prefer = tuple(prefer)
+        self.data = data
+        # Merged views depend only on blob contents, so they are cached for the mount's life.
+        self._merged: dict[tuple[Digest, ...], MergedSafetensors | str] = {}
+
+    # -- public --------------------------------------------------------------------------
+    def build(self, index: StoreIndex) -> NameTree:
+        self.index = index
+        self.nodes: dict[int, Node] = {}
+        self.blob_nodes: dict[Digest, BlobNode] = {}
+        root_mtime = max((e.mtime_ns for e in index), default=0)
+        root = self._dir((), root_mtime)
+        self.nodes[ROOT_INODE] = root
+        root.inode = ROOT_INODE
+
+        by_name = self._mkdirs(root, (".by-name",), root_mtime)
+        by_digest = self._mkdirs(root, (".by-digest",), root_mtime)
+        blobs = self._mkdirs(root, (".blobs",), root_mtime)
+
+        for entry in index.sorted_entries():
+            self._add_entry(root, by_name, by_digest, entry)
+        for name in sorted(index.blob_names):
+            digest = Digest.parse(name)
+            node = self._blob(digest, "")
+            if node is not None:
+                blobs.children[name] = node
+        return NameTree(root, self.nodes, self.blob_nodes)
+
+    # -- helpers -------------------------------------------------------------------------
+    def _register(self, node: Node) -> None:
+        self.nodes[node.inode] = node
+
+    def _dir(
+        self, path: tuple[str, ...], mtime_ns: int, xattrs: dict[str, bytes] | None = None
+    ) -> DirNode:
+        node = DirNode(self.inodes.get(("dir", path)), mtime_ns, xattrs or {}, path)
+        self._register(node)
+        return node
+
+    def _mkdirs(self, parent: DirNode, rel: Iterable[str], mtime_ns: int) -> DirNode:
+        """The directory `rel` below `parent`, made as needed; _Clash if a file is in the way."""
+        node = parent
+        for part in rel:
+            child = node.children.get(part)
+            if child is None:
+                child = self._dir((*node.path, part), mtime_ns)
+                node.children[part] = child
+            elif not isinstance(child, DirNode):
+                raise _Clash(part)
+            child.mtime_ns = max(child.mtime_ns, mtime_ns)
+            node = child
+        return node
+
+    def _blob(self, digest: Digest, media_type: str) -> BlobNode | None:
+        """The one node of a present blob (shared by every path that shows it)."""
+        node = self.blob_nodes.get(digest)
+        if node is not None:
+            return node
+        info = self.index.blob_info(digest)
+        if info is None:
+            return None
+        node = BlobNode(
+            self.inodes.get(("blob", digest)),
+            int(info.mtime * 1e9),
+            {"user.modelfs.digest": str(digest).encode()},
+            digest=digest,
+            path=self.index.layout.blob(digest),
+            blob_size=info.size,
+            media_type=media_type,
+        )
+        if media_type:
+            node.xattrs["user.modelfs.media_type"] = media_type.encode()
+        self.blob_nodes[digest] = node
+        self._register(node)
+        return node
+
+    def _file_node(self, dir_path: tuple[str, ...], f: ModelFile) -> Node | None:
+        blob = self._blob(f.layer.digest, f.layer.media_type)
+        if blob is None or blob.size != f.layer.size:
+            return None
+        if not blob.media_type:
+            blob.media_type = f.layer.media_type
+            blob.xattrs["user.modelfs.media_type"] = f.layer.media_type.encode()
+        if f.path.endswith(".gguf"):
+            blob.gguf = True  # its header-derived xattrs are read on first getxattr
+        if self.data == "symlink":
+            target = str(blob.path).encode()
+            link = SymlinkNode(
+                self.inodes.get(("link", target)), blob.mtime_ns, dict(blob.xattrs), target=target
+            )
+            self._register(link)
+            return link
+        return blob
+
+    def _bytes(self, path: tuple[str, ...], data: bytes, mtime_ns: int) -> BytesNode:
+        key = ("bytes", path, hashlib.sha256(data).digest())
+        node = BytesNode(self.inodes.get(key), mtime_ns, data=data)
+        self._register(node)
+        return node
+
+    # -- model directories ---------------------------------------------------------------
+    def _add_entry(self, root: DirNode, by_name: DirNode, by_digest: DirNode, entry: Entry) -> None:
+        name = entry.name
+        canonical = name.legacy_parts()
+        preferred = entry.preferred(self.prefer)
+        if preferred is not None:
+            self._place(by_name, canonical, entry, preferred)
+            self._place(root, short_path(name), entry, preferred)
+            self._place(by_digest, (entry.digest.hex,), entry, preferred)
+        for v in entry.variants:
+            if v.from_list and v.runner:
+                parts = short_path(name)
+                self._place(root, (*parts[:-1], f"{parts[-1]}@{v.runner}"), entry, v)
+                self._place(by_name, (*canonical[:-1], f"{canonical[-1]}@{v.runner}"), entry, v)
+            self._place(by_digest, (v.manifest.digest.hex,), entry, v)
+
+    def _place(self, parent: DirNode, rel: tuple[str, ...], entry: Entry, v: Variant) -> None:
+        try:
+            holder = self._mkdirs(parent, rel[:-1], entry.mtime_ns)
+        except _Clash as clash:
+            log.info("%s: %r is a file in another model; see .by-name/", entry.name, clash.args[0])
+            return
+        if rel[-1] in holder.children:
+            # First come wins (newest first); every model stays reachable under .by-name/.
+            return
+        holder.children[rel[-1]] = self._model_dir((*holder.path, rel[-1]), entry, v)
+
+    def _model_dir(self, path: tuple[str, ...], entry: Entry, v: Variant) -> DirNode:
+        manifest = v.manifest
+        xattrs = {
+            "user.modelfs.name": entry.name.full.encode(),
+            "user.modelfs.manifest_digest": str(manifest.digest).encode(),
+        }
+        d = self._dir(path, entry.mtime_ns, xattrs)
+        files = model_files(manifest)
+        status: list[str] = []
+        for f in files:
+            node = self._file_node(path, f)
+            if node is None:
+                status.append(f"missing blob {f.layer.digest} ({f.path})")
+                continue
+            parts = f.path.split("/")
+            try:
+                holder = self._mkdirs(d, parts[:-1], entry.mtime_ns)
+            except _Clash:
+                continue
+            holder.children[parts[-1]] = node
+        if manifest.config is not None and self.index.blob_info(manifest.config.digest) is None:
+            status.append(f"missing blob {manifest.config.digest} (.ollama/config.json)")
+        safetensors = any(f.layer.kind == "tensor" for f in files)
+        if safetensors:
+            merged = self._merged_view(files)
+            if isinstance(merged, MergedSafetensors):
+                d.children["model.safetensors"] = self._merged_node(path, merged, entry.mtime_ns)
+            elif merged:
+                status.append(f"model.safetensors not shown: {merged}")
+        d.children["Modelfile"] = self._bytes(
+            (*path, "Modelfile"),
+            render_modelfile(entry.name.shortest, files, self._read_text, safetensors=safetensors),
+            entry.mtime_ns,
+        )
+        meta = self._mkdirs(d, (".ollama",), entry.mtime_ns)
+        meta.children["manifest.json"] = self._bytes(
+            (*path, ".ollama", "manifest.json"), manifest.raw, entry.mtime_ns
+        )
+        if manifest.config is not None:
+            config = self._blob(manifest.config.digest, manifest.config.media_type)
+            if config is not None:
+                meta.children["config.json"] = config
+        meta.children["digest"] = self._bytes(
+            (*path, ".ollama", "digest"), f"{manifest.digest}\n".encode(), entry.mtime_ns
+        )
+        text = "\n".join(status) if status else "ok"
+        meta.children["status"] = self._bytes(
+            (*path, ".ollama", "status"), (text + "\n").encode(), entry.mtime_ns
+        )
+        return d
+
+    def _read_text(self, f: ModelFile) -> str | None:
+        if self.index.blob_info(f.layer.digest) is None or f.layer.size > MAX_CONFIG_BYTES:
+            return None
+        try:
+            return self.index.layout.blob(f.layer.digest).read_bytes().decode("utf-8", "replace")
+        except OSError:
+            return None
+
+    def _merged_view(self, files: list[ModelFile]) -> MergedSafetensors | str:
+        tensors = [f for f in files if f.layer.kind == "tensor"]
+        key = tuple(f.layer.digest for f in tensors)
+        if key in self._merged:
+            return self._merged[key]
+        result: MergedSafetensors | str
+        if any(self.index.blob_info(d) is None for d in key):
+            result = "a tensor blob is missing"
+        else:
+            try:
+                parts = []
+                for f in tensors:
+                    path = self.index.layout.blob(f.layer.digest)
+                    parts.append((path, read_safetensors_header_path(path)))
+                result = merge_safetensors(parts)
+            except (OSError, StoreError) as exc:
+                result = str(exc)
+        self._merged[key] = result
+        return result
+
+    def _merged_node(
+        self, path: tuple[str, ...], merged: MergedSafetensors, mtime_ns: int
+    ) -> MergedNode:
+        key = ("merged", tuple(s.path.name for s in merged.segments), len(merged.header))
+        node = MergedNode(self.inodes.get(key), mtime_ns, merged=merged)
+        self._register(node)
+        return node
+
+
+class _Clash(Exception):
+    """A path part that is a file where a directory is needed."""
+
+
+def short_path(name: Name) -> tuple[str, ...]:
+    """Ollama's shortest name with ':' as '/': `gemma4/26b`, `user/m/t`, `host/ns/m/t`."""
+    if not name.is_default_host:
+        return (name.host, name.namespace, name.model, name.tag)
+    if name.namespace.lower() != "library":
+        return (name.namespace, name.model, name.tag)
+    return (name.model, name.tag)
