@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TextIO
 
+from modelfs.human import go_text
 from store.errors import StoreError
 from store.layout import find_store_root
 from store.scan import DEFAULT_PREFER, StoreIndex, scan_store
@@ -45,15 +46,31 @@ def _open_index(args: argparse.Namespace) -> StoreIndex:
     return index
 
 
+def _print(data: str | bytes) -> None:
+    """One document and a newline on stdout, always UTF-8, whatever the locale says.
+
+    Text from a store (a config's `file_type`, a layer's `name`) may hold a lone surrogate
+    escape that Python's JSON decoder keeps and no encoder accepts; it prints as U+FFFD, which
+    is what Go's decoder turns it into.
+    """
+    if isinstance(data, str):
+        data = go_text(data).encode()
+    buffer = getattr(sys.stdout, "buffer", None)
+    if buffer is None:
+        sys.stdout.write(data.decode() + "\n")
+        return
+    sys.stdout.flush()
+    buffer.write(data + b"\n")
+
+
 def cmd_ls(args: argparse.Namespace) -> int:
-    from modelfs.ls import render_table, tags
+    from modelfs.ls import render_table, tags_json
 
     index = _open_index(args)
     if args.json:
-        json.dump(tags(index, args.prefer), sys.stdout, indent=None, ensure_ascii=False)
-        sys.stdout.write("\n")
+        _print(tags_json(index, args.prefer))
     else:
-        print(render_table(index, args.prefer))
+        _print(render_table(index, args.prefer))
     return 0
 
 
@@ -64,10 +81,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     entry = index.lookup(args.name)
     record = show_record(index, entry, args.prefer)
     if args.json:
-        json.dump(record, sys.stdout, indent=2, ensure_ascii=False)
-        sys.stdout.write("\n")
+        _print(json.dumps(record, indent=2, ensure_ascii=False))
     else:
-        print(render(record))
+        _print(render(record))
     return 0
 
 

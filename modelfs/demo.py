@@ -333,10 +333,12 @@ def _add_kv(w: gguf.GGUFWriter, key: str, value: Any) -> None:
 
 # --- vocabularies --------------------------------------------------------------------------
 
-_WORDS = tuple(
-    "the and that this with model hello world ollama llama store token is in on of to a it "
-    "ing er".split()
+# fmt: off
+_WORDS = (
+    "the", "and", "that", "this", "with", "model", "hello", "world", "ollama", "llama", "store",
+    "token", "is", "in", "on", "of", "to", "a", "it", "ing", "er",
 )
+# fmt: on
 
 TT = gguf.TokenType
 
@@ -454,14 +456,18 @@ def _spm_vocab(specials: Sequence[str], *, unused: int = 0) -> _Vocab:
     return _Vocab("llama", tuple(tokens), tuple(types), scores, tuple(merges), ids)
 
 
-_GEMMA_SPECIALS = tuple(
-    "<pad> <eos> <bos> <unk> <mask> [multimodal] <start_of_turn> <end_of_turn> "
-    "<start_of_image> <end_of_image>".split()
+# fmt: off
+_GEMMA_SPECIALS = (
+    "<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "[multimodal]", "<start_of_turn>",
+    "<end_of_turn>", "<start_of_image>", "<end_of_image>",
 )
-_LLAMA3_SPECIALS = tuple(
-    "<|begin_of_text|> <|end_of_text|> <|start_header_id|> <|end_header_id|> <|eot_id|> "
-    "<|python_tag|>".split()
+# fmt: on
+# fmt: off
+_LLAMA3_SPECIALS = (
+    "<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
+    "<|eot_id|>", "<|python_tag|>",
 )
+# fmt: on
 _CHATML_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 _GEMMA_JINJA = (
@@ -586,8 +592,10 @@ def _qwen3_tensors(d: _Dims, vocab: int) -> list[_Tensor]:
     return out
 
 
-def _arch_kv(arch: str, d: _Dims, **extra: Any) -> dict[str, Any]:
+def _arch_kv(arch: str, d: _Dims, context: int, extra: dict[str, Any]) -> dict[str, Any]:
+    """`<arch>.*` hyperparameters from the shapes, plus the given extra keys."""
     kv: dict[str, Any] = {
+        f"{arch}.context_length": context,
         f"{arch}.embedding_length": d.embd,
         f"{arch}.block_count": d.layers,
         f"{arch}.feed_forward_length": d.ff,
@@ -689,12 +697,12 @@ def _gemma_gguf(weight_bytes: int) -> _GGUF:
         size_label="26B-A4B",
         license="gemma",
     )
-    kv["gemma4.context_length"] = 262_144
     kv.update(
         _arch_kv(
             "gemma4",
             dims,
-            **{
+            262_144,
+            {
                 "expert_count": dims.experts,
                 "expert_used_count": 2,
                 "expert_feed_forward_length": dims.ff_exp,
@@ -773,8 +781,7 @@ def _gemma_draft() -> _GGUF:
         basename="gemma-4-assistant",
         size_label="74M",
     )
-    kv["gemma4.context_length"] = 262_144
-    kv.update(_arch_kv("gemma4", dims, **{"attention.layer_norm_rms_epsilon": 1e-6}))
+    kv.update(_arch_kv("gemma4", dims, 262_144, {"attention.layer_norm_rms_epsilon": 1e-6}))
     kv.update(vocab.kv(None, bos="<bos>", eos="<eos>", add_bos=True, pad="<pad>", unk="<unk>"))
     tensors = [
         _Tensor(t.name, t.qtype if t.qtype == Q.F32 else Q.Q8_0, t.ne)
@@ -796,12 +803,12 @@ def _llama32_gguf() -> _GGUF:
         size_label="3B",
         license="llama3.2",
     )
-    kv["llama.context_length"] = 131_072
     kv.update(
         _arch_kv(
             "llama",
             dims,
-            **{
+            131_072,
+            {
                 "attention.layer_norm_rms_epsilon": 1e-5,
                 "rope.dimension_count": dims.head_dim,
                 "rope.freq_base": 500_000.0,
@@ -829,12 +836,12 @@ def _qwen3_gguf() -> _GGUF:
         size_label="0.6B",
         license="apache-2.0",
     )
-    kv["qwen3.context_length"] = 40_960
     kv.update(
         _arch_kv(
             "qwen3",
             dims,
-            **{
+            40_960,
+            {
                 "attention.layer_norm_rms_epsilon": 1e-6,
                 "rope.freq_base": 1_000_000.0,
             },
@@ -859,12 +866,12 @@ def _tiny_gguf() -> _GGUF:
         size_label="15M",
         license="mit",
     )
-    kv["llama.context_length"] = 2048
     kv.update(
         _arch_kv(
             "llama",
             dims,
-            **{
+            2048,
+            {
                 "attention.layer_norm_rms_epsilon": 1e-5,
                 "rope.dimension_count": dims.head_dim,
             },
@@ -891,12 +898,12 @@ def _smol_gguf() -> _GGUF:
         license="apache-2.0",
     )
     kv["general.quantized_by"] = "bartowski"
-    kv["llama.context_length"] = 8192
     kv.update(
         _arch_kv(
             "llama",
             dims,
-            **{
+            8192,
+            {
                 "attention.layer_norm_rms_epsilon": 1e-5,
                 "rope.dimension_count": dims.head_dim,
                 "rope.freq_base": 100_000.0,
@@ -1285,14 +1292,13 @@ class _Writer:
         *,
         runner: str | None = None,
         fmt: str | None = None,
-        extra: Sequence[dict[str, Any]] = (),
         newline: bool,
     ) -> bytes:
         obj: dict[str, Any] = {
             "schemaVersion": 2,
             "mediaType": MEDIA_MANIFEST,
             "config": config.as_json(),
-            "layers": [layer.as_json() for layer in layers] + list(extra),
+            "layers": [layer.as_json() for layer in layers],
         }
         if runner:
             obj["runner"] = runner
@@ -1307,7 +1313,6 @@ def _gguf_config(
     file_type: str,
     layers: Sequence[DemoLayer],
     *,
-    families: Sequence[str] | None = None,
     rootfs: bool,
     **extra: Any,
 ) -> dict[str, Any]:
@@ -1316,7 +1321,7 @@ def _gguf_config(
     obj: dict[str, Any] = {
         "model_format": "gguf",
         "model_family": family,
-        "model_families": list(families or [family]),
+        "model_families": [family],
         "model_type": model_type,
         "file_type": file_type,
     }

@@ -3,10 +3,30 @@
 from __future__ import annotations
 
 import math
+import re
 import time
+from typing import Any
 
 _UNITS = ((1000**4, "TB"), (1000**3, "GB"), (1000**2, "MB"), (1000, "KB"))
 _HOUR_NS = 3600 * 1_000_000_000
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def go_text(text: str) -> str:
+    """`text` as Go holds it: a lone surrogate (JSON `"\\ud800"`, which Python's decoder keeps
+    and no UTF-8 encoder accepts) becomes U+FFFD, as Go's decoder makes it."""
+    return _LONE_SURROGATE.sub("\ufffd", text)
+
+
+def go_strings(obj: Any) -> Any:
+    """`go_text` over every string (keys too) of a JSON-shaped object."""
+    if isinstance(obj, str):
+        return go_text(obj)
+    if isinstance(obj, dict):
+        return {go_text(k): go_strings(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [go_strings(v) for v in obj]
+    return obj
 
 
 def human_bytes(n: int) -> str:

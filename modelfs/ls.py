@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from modelfs.human import human_bytes, human_time, rfc3339_nano, table
+from modelfs.human import go_strings, human_bytes, human_time, rfc3339_nano, table
+from store.manifest import go_marshal
 from store.scan import DEFAULT_PREFER, Entry, StoreIndex
 
 
@@ -53,6 +54,12 @@ def listing(
 
 def tags(index: StoreIndex, prefer: tuple[str, ...] = DEFAULT_PREFER) -> dict[str, Any]:
     return {"models": [record for _, record in listing(index, prefer)]}
+
+
+def tags_json(index: StoreIndex, prefer: tuple[str, ...] = DEFAULT_PREFER) -> bytes:
+    """The /api/tags body byte for byte as Ollama's server sends it: Go's json.Marshal
+    (compact, `<`, `>`, `&` escaped, invalid text as U+FFFD)."""
+    return go_marshal(go_strings(tags(index, prefer)))
 
 
 def render_table(

@@ -27,7 +27,6 @@ MAX_NAME = 64 << 10
 MAX_ARRAY = 16 << 20
 MAX_HEADER = 512 << 20
 MAX_DIMS = 4
-MAX_NESTING = 3
 # Arrays up to this length keep their values (Ollama's metadata cache uses the same cut-off);
 # longer ones (token lists, merges, scores) are summarized and skipped.
 KEEP_ARRAY = 4096
@@ -350,6 +349,11 @@ class _Reader:
                 count -= 1
 
 
+def _q(text: str) -> str:
+    """A name quoted for an error message, cut short: keys may be 64 KiB long."""
+    return repr(text if len(text) <= 80 else text[:80] + "…")
+
+
 def _name(r: _Reader, what: str) -> str:
     raw = r.string_bytes(MAX_NAME, what)
     try:
@@ -363,18 +367,18 @@ def _value(r: _Reader, vtype: int, key: str) -> Any:
     if fixed is not None:
         return fixed.unpack(r.read(fixed.size))[0]
     if vtype == T_STRING:
-        return r.string_bytes(MAX_STRING, f"value of {key!r}").decode("utf-8", errors="replace")
+        return r.string_bytes(MAX_STRING, f"value of {_q(key)}").decode("utf-8", errors="replace")
     if vtype == T_ARRAY:
-        return _array(r, key, 1, keep=True)
-    raise r.error(f"key {key!r} has unknown value type {vtype}")
+        return _array(r, key)
+    raise r.error(f"key {_q(key)} has unknown value type {vtype}")
 
 
-def _array(r: _Reader, key: str, depth: int, *, keep: bool) -> Any:
+def _array(r: _Reader, key: str) -> Any:
     item_type = r.u32()
     count = r.u64()
     if count > MAX_ARRAY:
-        raise r.error(f"array {key!r} claims {count} items (limit {MAX_ARRAY})")
-    keep = keep and count <= KEEP_ARRAY
+        raise r.error(f"array {_q(key)} claims {count} items (limit {MAX_ARRAY})")
+    keep = count <= KEEP_ARRAY
     fixed = _FIXED.get(item_type)
     if fixed is not None:
         code, size = fixed
@@ -383,25 +387,20 @@ def _array(r: _Reader, key: str, depth: int, *, keep: bool) -> Any:
         r.skip(count * size)
         return ArraySummary(item_type, count)
     if item_type == T_STRING:
-        r.check_room(count * 8, f"array {key!r} of {count} strings")
+        r.check_room(count * 8, f"array {_q(key)} of {count} strings")
         if keep:
-            what = f"array {key!r}"
+            what = f"array {_q(key)}"
             return [
                 r.string_bytes(MAX_STRING, what).decode("utf-8", errors="replace")
                 for _ in range(count)
             ]
-        r.skip_strings(count, f"array {key!r}")
+        r.skip_strings(count, f"array {_q(key)}")
         return ArraySummary(item_type, count)
     if item_type == T_ARRAY:
-        # The spec allows arrays of arrays; ggml itself rejects them, and no known model
-        # has one, so they are walked to stay in step but never kept.
-        if depth >= MAX_NESTING:
-            raise r.error(f"array {key!r} is nested more than {MAX_NESTING} deep")
-        r.check_room(count * 12, f"array {key!r} of {count} arrays")
-        for _ in range(count):
-            _array(r, key, depth + 1, keep=False)
-        return ArraySummary(item_type, count)
-    raise r.error(f"array {key!r} has unknown item type {item_type}")
+        # The spec allows arrays of arrays, but neither ggml (gguf.cpp) nor Ollama
+        # (fs/gguf) reads them, so no usable model has one.
+        raise r.error(f"array {_q(key)} holds arrays, which GGUF readers do not support")
+    raise r.error(f"array {_q(key)} has unknown item type {item_type}")
 
 
 def read_gguf_header(f: BinaryIO, source: str, file_size: int | None = None) -> GGUFHeader:
@@ -440,7 +439,7 @@ def read_gguf_header(f: BinaryIO, source: str, file_size: int | None = None) -> 
         if not key:
             raise r.error(f"key {i} is empty")
         if key in kv:
-            raise r.error(f"duplicate key {key!r}")
+            raise r.error(f"duplicate key {_q(key)}")
         kv[key] = _value(r, r.u32(), key)
 
     alignment = DEFAULT_ALIGNMENT
@@ -455,19 +454,19 @@ def read_gguf_header(f: BinaryIO, source: str, file_size: int | None = None) -> 
     for i in range(n_tensors):
         name = _name(r, f"name of tensor {i}")
         if name in names:
-            raise r.error(f"duplicate tensor {name!r}")
+            raise r.error(f"duplicate tensor {_q(name)}")
         names.add(name)
         n_dims = r.u32()
         if n_dims > MAX_DIMS:
-            raise r.error(f"tensor {name!r} has {n_dims} dimensions (limit {MAX_DIMS})")
+            raise r.error(f"tensor {_q(name)} has {n_dims} dimensions (limit {MAX_DIMS})")
         shape = tuple(r.u64() for _ in range(n_dims))
         n_elements = 1
         for dim in shape:
             if dim > _INT64_MAX:
-                raise r.error(f"tensor {name!r} has a negative dimension in {shape}")
+                raise r.error(f"tensor {_q(name)} has a negative dimension in {shape}")
             n_elements *= dim
         if n_elements > _INT64_MAX:
-            raise r.error(f"tensor {name!r} has too many elements {shape}")
+            raise r.error(f"tensor {_q(name)} has too many elements {shape}")
         ggml_type = r.u32()
         known = GGML_TYPES.get(ggml_type)
         nbytes = 0
@@ -476,7 +475,7 @@ def read_gguf_header(f: BinaryIO, source: str, file_size: int | None = None) -> 
             row = shape[0] if shape else 1
             if row % block:
                 raise r.error(
-                    f"tensor {name!r} ({type_name}) has rows of {row} elements,"
+                    f"tensor {_q(name)} ({type_name}) has rows of {row} elements,"
                     f" not a multiple of the block size {block}"
                 )
             nbytes = n_elements // block * size
@@ -491,7 +490,7 @@ def read_gguf_header(f: BinaryIO, source: str, file_size: int | None = None) -> 
         start = data_offset + offset
         if file_size is not None and start + nbytes > file_size:
             raise r.error(
-                f"tensor {name!r} data [{start}, {start + nbytes}) runs past the end"
+                f"tensor {_q(name)} data [{start}, {start + nbytes}) runs past the end"
                 f" of the file ({file_size} bytes)"
             )
         tensors.append(GGUFTensor(name, shape, ggml_type, ggml_type_name(ggml_type), start, nbytes))

@@ -71,16 +71,29 @@ class TinyStore:
         self.legacy(name, raw)
         return raw
 
-    def legacy(self, name: str | Name, raw: bytes, mtime: float | None = None) -> Path:
+    def legacy(
+        self,
+        name: str | Name,
+        raw: bytes,
+        mtime: float | None = None,
+        *,
+        mtime_ns: int | None = None,
+    ) -> Path:
         n = parse_name(name) if isinstance(name, str) else name
         path = self.blobs.write_legacy_manifest(n, raw)
         if mtime is not None:
             os.utime(path, (mtime, mtime))
+        if mtime_ns is not None:
+            os.utime(path, ns=(mtime_ns, mtime_ns))
         return path
 
-    def v2(self, name: str | Name, raw: bytes) -> Path:
+    def v2(self, name: str | Name, raw: bytes, *, mtime_ns: int | None = None) -> Path:
+        """A manifests-v2 symlink; `mtime_ns` is set on the manifest blob it points at."""
         n = parse_name(name) if isinstance(name, str) else name
-        return self.blobs.write_v2_manifest(n, raw)
+        path = self.blobs.write_v2_manifest(n, raw)
+        if mtime_ns is not None:
+            os.utime(path, ns=(mtime_ns, mtime_ns))
+        return path
 
     def manifest_list(self, children: list[tuple[bytes, str, str]]) -> bytes:
         """A list of references to child manifests stored as blobs: (raw, runner, format)."""
@@ -95,3 +108,41 @@ class TinyStore:
                 }
             )
         return compact({"schemaVersion": 2, "mediaType": MEDIA_LIST, "manifests": refs})
+
+
+# (tensor name, numpy shape of the logical tensor, ggml type name such as "Q4_K" or "F32")
+GGUFTensorSpec = tuple[str, tuple[int, ...], str]
+
+
+def gguf_bytes(
+    tensors: list[GGUFTensorSpec],
+    *,
+    arch: str = "llama",
+    file_type: int = 15,
+    workdir: Path,
+) -> bytes:
+    """A small but real GGUF written by the reference writer (the `gguf` package).
+
+    Quantized tensors are given as raw bytes of the right size, so no quantizer is needed.
+    """
+    import gguf
+    import numpy as np
+
+    path = workdir / f"tiny-{len(list(workdir.iterdir()))}.gguf"
+    w = gguf.GGUFWriter(path, arch)
+    w.add_file_type(file_type)
+    w.add_context_length(4096)
+    for name, shape, type_name in tensors:
+        qtype = gguf.GGMLQuantizationType[type_name]
+        block, size = gguf.GGML_QUANT_SIZES[qtype]
+        *rows, cols = shape
+        assert cols % block == 0, f"{name}: {cols} is not a multiple of {type_name}'s block"
+        data = np.zeros((*rows, cols // block * size), dtype=np.uint8)
+        w.add_tensor(name, data, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    data = path.read_bytes()
+    path.unlink()
+    return data

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import struct
@@ -17,7 +18,8 @@ from hypothesis import strategies as st
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
-from store.errors import SafetensorsError
+from store.errors import GGUFError, SafetensorsError
+from store.gguf import read_gguf_header
 from store.safetensors import (
     DTYPE_BITS,
     MAX_HEADER,
@@ -128,9 +130,9 @@ def test_other_dtypes(dtype: str, shape: list[int], nbytes: int) -> None:
     assert (t.dtype, t.shape, t.nbytes) == (dtype, tuple(shape), nbytes)
 
 
-def test_dtype_table_covers_the_reference_library() -> None:
-    # Every dtype the installed reference library knows must be in our table with the
-    # same width; we find its dtypes by asking it to read a one-element tensor of each.
+def test_reference_library_agrees_on_every_dtype_width() -> None:
+    # For each dtype in our table, a tensor of 8 elements sized with our width must be
+    # exactly what the installed reference library expects.
     for dtype, bits in DTYPE_BITS.items():
         n = 8  # elements: a whole number of bytes for every width
         data = st_bytes({"t": info(dtype, [n], 0, n * bits // 8)}, b"\0" * (n * bits // 8))
@@ -301,3 +303,19 @@ def test_fuzz_mutations(ops: list[tuple[int, int, int]], sized: bool) -> None:
         parse(bytes(buf), sized=sized)
     except SafetensorsError as exc:
         assert "\n" not in str(exc)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    prefix=st.sampled_from([b"", b"GGUF\x03\x00\x00\x00", struct.pack("<Q", 40) + b"{"]),
+    body=st.binary(max_size=200),
+    sized=st.booleans(),
+)
+def test_fuzz_random_bytes_both_readers(prefix: bytes, body: bytes, sized: bool) -> None:
+    # The same bytes go to both readers; each must return or raise its own error.
+    data = prefix + body
+    size = len(data) if sized else None
+    with contextlib.suppress(SafetensorsError):
+        read_safetensors_header(io.BytesIO(data), "x", size)
+    with contextlib.suppress(GGUFError):
+        read_gguf_header(io.BytesIO(data), "x", size)
