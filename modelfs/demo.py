@@ -27,7 +27,10 @@ and every name is its sha256):
 `llama3.2:3b` (Q4_K_M) and `qwen3:0.6b` (Q8_0): legacy manifests sharing template and license
     blobs. **`llama3.2:3b`'s model blob is the one llama.cpp can load vocabulary-only**: arch
     `llama`, a byte-level BPE (`gpt2`, pre `llama-bpe`) vocabulary with all 256 byte tokens,
-    merges whose every result is a token, and control tokens for bos/eos/eot.
+    merges whose every result is a token, and control tokens for bos/eos/eot. (In fact every
+    model.gguf and draft.gguf here loaded in llama.cpp, vocabulary-only and with weights,
+    when this was written: llama-cpp-python 0.3.36. The weights are noise; the mmproj was not
+    tried.)
 `someuser/tiny:q8`: a user namespace, with a system prompt layer.
 `hf.co/bartowski/SmolLM2-135M-Instruct-GGUF:Q4_K_M`: another host; its 576-wide rows cannot use
     K-quants, so its Q4_K_M is Q5_0/Q8_0, as llama.cpp's quantizer falls back.
@@ -108,8 +111,11 @@ class DemoLayer:
     """The file DESIGN §3 makes of it in a model directory; None where the table is silent."""
 
     def as_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"mediaType": self.media_type, "digest": str(self.digest)}
-        out["size"] = self.size
+        out: dict[str, Any] = {
+            "mediaType": self.media_type,
+            "digest": str(self.digest),
+            "size": self.size,
+        }
         if self.name:
             out["name"] = self.name
         return out
@@ -247,10 +253,10 @@ class _Tensor:
         rng = _rng(seed, self.name)
         if self.qtype in (Q.F32, Q.F16):
             n = self.elements
-            if "norm" in self.name:
-                values = 1.0 + 0.02 * rng.standard_normal(n)
-            elif self.name.endswith("layer_output_scale.weight"):
+            if "rope_freqs" in self.name or "output_scale" in self.name:
                 values = np.ones(n)
+            elif "norm" in self.name or self.name.endswith(".scale"):
+                values = 1.0 + 0.02 * rng.standard_normal(n)
             else:
                 values = 0.02 * rng.standard_normal(n)
             yield values.astype("<f4" if self.qtype == Q.F32 else "<f2").tobytes()
@@ -512,7 +518,10 @@ def _row(qtype: Q, width: int) -> int:
 
 def _gemma_tensors(d: _Dims, vocab: int) -> list[_Tensor]:
     e, q, kv = d.embd, d.heads * d.head_dim, d.kv_heads * d.head_dim
-    out = [_Tensor("token_embd.weight", Q.Q6_K, (e, vocab))]
+    out = [
+        _Tensor("token_embd.weight", Q.Q6_K, (e, vocab)),
+        _Tensor("rope_freqs.weight", Q.F32, (d.head_dim // 2,)),
+    ]
     for i in range(d.layers):
         b = f"blk.{i}."
         down = Q.Q6_K if i % 2 == 0 else Q.Q4_K  # Q4_K_M spends more bits on every other layer
@@ -529,14 +538,16 @@ def _gemma_tensors(d: _Dims, vocab: int) -> list[_Tensor]:
             _Tensor(b + "ffn_gate.weight", Q.Q4_K, (e, d.ff)),
             _Tensor(b + "ffn_up.weight", Q.Q4_K, (e, d.ff)),
             _Tensor(b + "ffn_down.weight", down, (d.ff, e)),
-            _Tensor(b + "post_ffw_norm_1.weight", Q.F32, (e,)),
         ]
-        if d.experts:
+        if d.experts:  # the dense FFN above is the shared expert
             out += [
+                _Tensor(b + "post_ffw_norm_1.weight", Q.F32, (e,)),
                 _Tensor(b + "ffn_gate_inp.weight", Q.F32, (e, d.experts)),
+                _Tensor(b + "ffn_gate_inp.scale", Q.F32, (e,)),
                 _Tensor(b + "pre_ffw_norm_2.weight", Q.F32, (e,)),
                 _Tensor(b + "ffn_gate_up_exps.weight", Q.Q4_K, (e, 2 * d.ff_exp, d.experts)),
                 _Tensor(b + "ffn_down_exps.weight", down, (d.ff_exp, e, d.experts)),
+                _Tensor(b + "ffn_down_exps.scale", Q.F32, (d.experts,)),
                 _Tensor(b + "post_ffw_norm_2.weight", Q.F32, (e,)),
             ]
         out += [
@@ -684,6 +695,21 @@ def _gemma_vocab(unused: int) -> _Vocab:
     return _spm_vocab(_GEMMA_SPECIALS, unused=unused)
 
 
+def _gemma_attention_kv(d: _Dims) -> dict[str, Any]:
+    """Sliding-window layers, five of every six, and always a global last layer."""
+    pattern = [i % 6 != 5 and i != d.layers - 1 for i in range(d.layers)]
+    return {
+        "attention.layer_norm_rms_epsilon": 1e-6,
+        "attention.sliding_window": 1024,
+        "attention.sliding_window_pattern": pattern,
+        "attention.key_length_swa": d.head_dim,
+        "attention.value_length_swa": d.head_dim,
+        "embedding_length_per_layer_input": 0,
+        "rope.freq_base": 1_000_000.0,
+        "rope.freq_base_swa": 10_000.0,
+    }
+
+
 def _gemma_gguf(weight_bytes: int) -> _GGUF:
     dims, vocab_size = _gemma_dims(weight_bytes)
     vocab = _gemma_vocab(dims.unused_tokens)
@@ -706,10 +732,8 @@ def _gemma_gguf(weight_bytes: int) -> _GGUF:
                 "expert_count": dims.experts,
                 "expert_used_count": 2,
                 "expert_feed_forward_length": dims.ff_exp,
-                "attention.layer_norm_rms_epsilon": 1e-6,
-                "attention.sliding_window": 1024,
-                "rope.freq_base": 1_000_000.0,
                 "final_logit_softcapping": 30.0,
+                **_gemma_attention_kv(dims),
             },
         )
     )
@@ -771,7 +795,7 @@ def _gemma_projector() -> _GGUF:
 
 
 def _gemma_draft() -> _GGUF:
-    dims = _Dims(embd=256, layers=1, heads=4, kv_heads=1, head_dim=64, ff=256)
+    dims = _Dims(embd=256, layers=2, heads=4, kv_heads=1, head_dim=64, ff=256)
     vocab = _gemma_vocab(0)
     kv = _general(
         "gemma4",
@@ -781,7 +805,7 @@ def _gemma_draft() -> _GGUF:
         basename="gemma-4-assistant",
         size_label="74M",
     )
-    kv.update(_arch_kv("gemma4", dims, 262_144, {"attention.layer_norm_rms_epsilon": 1e-6}))
+    kv.update(_arch_kv("gemma4", dims, 262_144, _gemma_attention_kv(dims)))
     kv.update(vocab.kv(None, bos="<bos>", eos="<eos>", add_bos=True, pad="<pad>", unk="<unk>"))
     tensors = [
         _Tensor(t.name, t.qtype if t.qtype == Q.F32 else Q.Q8_0, t.ne)

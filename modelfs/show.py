@@ -5,18 +5,17 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from modelfs.human import human_bytes, rfc3339_nano, table
+from store.errors import StoreError
+from store.files import model_files
 from store.gguf import read_gguf_header_path
+from store.manifest import Manifest, ManifestList
 from store.quant import (
     QuantRow,
     quantization_breakdown_gguf,
     quantization_breakdown_safetensors,
 )
 from store.safetensors import read_safetensors_header_path
-
-from modelfs.human import human_bytes, rfc3339_nano, table
-from store.errors import StoreError
-from store.files import model_files
-from store.manifest import Manifest, ManifestList
 from store.scan import DEFAULT_PREFER, Entry, StoreIndex, Variant
 
 log = logging.getLogger(__name__)

@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import statistics
+import struct
 import subprocess
 import sys
 import time
@@ -175,8 +176,10 @@ class FuseMount:
         self.stop()
 
 
-def modelfs_mount(store: Path, mountpoint: Path, log: Path | None = None) -> FuseMount:
-    argv = [str(MODELFS), "mount", "-q", "--store", str(store), str(mountpoint)]
+def modelfs_mount(
+    store: Path, mountpoint: Path, log: Path | None = None, extra: Sequence[str] = ()
+) -> FuseMount:
+    argv = [str(MODELFS), "mount", "-q", "--store", str(store), *extra, str(mountpoint)]
     return FuseMount(argv, mountpoint, "modelfs", log=log)
 
 
@@ -190,6 +193,22 @@ def bindfs_mount(source: Path, mountpoint: Path, log: Path | None = None) -> Fus
 
 
 # -- stores ------------------------------------------------------------------------------------
+def tiny_gguf(name: str, n: int) -> bytes:
+    """A valid GGUF v3 file with no tensors and a few keys, so header readers succeed."""
+
+    def text(s: str) -> bytes:
+        b = s.encode()
+        return struct.pack("<Q", len(b)) + b
+
+    kv = [
+        text("general.architecture") + struct.pack("<I", 8) + text("llama"),
+        text("general.name") + struct.pack("<I", 8) + text(name),
+        text("general.file_type") + struct.pack("<II", 4, 15),
+        text("general.parameter_count") + struct.pack("<IQ", 10, 1_000_000 + n),
+    ]
+    return b"GGUF" + struct.pack("<IQQ", 3, 0, len(kv)) + b"".join(kv)
+
+
 def write_many_models(root: Path, count: int) -> int:
     """A store of `count` tiny GGUF models with Ollama's legacy layout; returns the blob count.
 
@@ -236,7 +255,7 @@ def write_many_models(root: Path, count: int) -> int:
             text = f"user{i % 13}/model{i // 5:04d}:q{i % 3 + 4}"
         else:
             text = f"model{i // 10:04d}:tag{i % 10}"
-        weights = b"GGUF" + i.to_bytes(8, "little") + bytes(52)
+        weights = tiny_gguf(f"model{i}", i)
         wd = put(weights)
         config = json.dumps(
             {
