@@ -14,6 +14,7 @@ from store.errors import InvalidDigestError
 # name files in lowercase, which is what every Ollama writer produces.
 _DIGEST = re.compile(r"sha256[:-]([0-9a-fA-F]{64})")
 _BLOB_NAME = re.compile(r"sha256-[0-9a-f]{64}")
+_HEX = re.compile(r"[0-9a-f]{64}")
 
 CHUNK = 1 << 20
 
@@ -25,7 +26,7 @@ class Digest:
     hex: str
 
     def __post_init__(self) -> None:
-        if len(self.hex) != 64 or not all(c in "0123456789abcdef" for c in self.hex):
+        if not isinstance(self.hex, str) or _HEX.fullmatch(self.hex) is None:
             raise InvalidDigestError(f"invalid sha256 hex: {self.hex!r}")
 
     @classmethod

@@ -12,6 +12,7 @@ import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from store.digest import Digest, is_blob_name
 from store.errors import (
@@ -184,10 +185,15 @@ class StoreIndex:
         return sorted(self.entries.values(), key=lambda e: (-e.mtime_ns, e.name.shortest))
 
 
-def _read_limited(path: Path, limit: int) -> bytes:
+def _read_limited(path: Path | str, limit: int) -> bytes:
     with open(path, "rb") as f:
-        data = f.read(limit + 1)
-    return data
+        return _read_open(f, limit)
+
+
+def _read_open(f: BinaryIO, limit: int) -> bytes:
+    # read(limit + 1) would allocate a limit-sized buffer for every few-KiB manifest.
+    size = os.fstat(f.fileno()).st_size
+    return f.read(limit + 1 if size > limit else -1)
 
 
 def _walk_depth4(root: Path) -> Iterator[tuple[tuple[str, ...], os.DirEntry[str] | None, str]]:
@@ -322,19 +328,27 @@ class Scanner:
         try:
             lst = os.lstat(path)
             if stat.S_ISLNK(lst.st_mode):
-                target = Path(os.path.realpath(path))
-                blobs = Path(os.path.realpath(self.layout.blobs))
-                if target.parent != blobs or not is_blob_name(target.name):
-                    raise ManifestError(f"{rel}: link points outside blobs/ ({os.readlink(path)})")
-                raw = _read_limited(target, MAX_MANIFEST_BYTES)
-                if Digest.of_bytes(raw) != Digest.parse(target.name):
-                    raise ManifestError(f"{rel}: linked blob {target.name} does not match its hash")
-                return raw, os.stat(target)
+                # The link must land on blobs/<its own name>: same file as that blob, which
+                # the blob listing already knows to be a regular file inside the store.
+                link = os.readlink(path)
+                blob_name = os.path.basename(link)
+                outside = ManifestError(f"{rel}: link points outside blobs/ ({link})")
+                if not is_blob_name(blob_name) or blob_name not in self.index.blob_names:
+                    raise outside
+                blob = os.path.join(self.layout.blobs, blob_name)
+                st = os.stat(path)
+                bst = os.stat(blob, follow_symlinks=False)
+                if (st.st_dev, st.st_ino) != (bst.st_dev, bst.st_ino):
+                    raise outside
+                raw = _read_limited(blob, MAX_MANIFEST_BYTES)
+                if Digest.of_bytes(raw).blob_name != blob_name:
+                    raise ManifestError(f"{rel}: linked blob {blob_name} does not match its hash")
+                return raw, bst
             if not stat.S_ISREG(lst.st_mode):
                 raise ManifestError(f"{rel}: not a regular file")
             with open(path, "rb") as f:
                 st = os.fstat(f.fileno())
-                raw = f.read(MAX_MANIFEST_BYTES + 1)
+                raw = _read_open(f, MAX_MANIFEST_BYTES)
             return raw, st
         except OSError as exc:
             raise ManifestError(f"{rel}: {exc.strerror or exc}") from None
