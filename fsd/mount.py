@@ -19,6 +19,7 @@ from fsd.ops import ModelOperations
 from fsd.tree import DirNode, InodeTable, NameTree, TreeBuilder
 from store.layout import Layout
 from store.scan import scan_store
+from store.watch import store_signature
 
 log = logging.getLogger(__name__)
 
@@ -28,36 +29,6 @@ READ_AHEAD_KB = 1024
 
 class MountError(Exception):
     """The mount could not be set up; the message is one line for the user."""
-
-
-def store_signature(layout: Layout) -> tuple[object, ...]:
-    """Cheap fingerprint of everything that names a model: every entry of the manifest trees
-    (inode, mtime, size) and the blobs dir's mtime, which moves on every blob add or delete."""
-    sig: list[object] = []
-    for top in (layout.manifests, layout.manifests_v2):
-        stack = [(top, 0)]
-        while stack:
-            path, depth = stack.pop()
-            try:
-                with os.scandir(path) as it:
-                    for de in it:
-                        try:
-                            st = de.stat(follow_symlinks=False)
-                        except OSError:
-                            continue
-                        sig.append((de.path, st.st_ino, st.st_mtime_ns, st.st_size))
-                        if depth < 3 and de.is_dir(follow_symlinks=False):
-                            stack.append((Path(de.path), depth + 1))
-            except OSError:
-                sig.append((str(path), None))
-    for d in (layout.blobs,):
-        try:
-            st = os.stat(d)
-            sig.append((str(d), st.st_mtime_ns, st.st_ino))
-        except OSError:
-            sig.append((str(d), None))
-    sig.sort(key=repr)
-    return tuple(sig)
 
 
 def changed_entries(old: NameTree, new: NameTree) -> Iterable[tuple[int, str]]:

@@ -1,0 +1,1 @@
+"""Replication over the OCI distribution API: the server, the client, and (later) the daemon."""

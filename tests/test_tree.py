@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fsd.mount import changed_entries, store_signature
+from fsd.mount import changed_entries
 from fsd.tree import BlobNode, DirNode, InodeTable, Node, TreeBuilder, short_path
 from store.layout import Layout
 from store.names import parse_name
 from store.scan import scan_store
+from store.watch import store_signature
 from tests.builders import TinyStore
 
 
