@@ -121,6 +121,29 @@ def cmd_umount(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from sync.serve import ServeError, run_server
+
+    root = find_store_root(args.store)
+
+    def ready(url: str) -> None:
+        print(f"listening on {url}", flush=True)
+
+    try:
+        run_server(
+            root,
+            listen=args.listen,
+            token_file=args.token_file,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            prefer=args.prefer,
+            ready=ready,
+        )
+    except ServeError as exc:
+        raise UserError(str(exc)) from None
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -177,6 +200,32 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("umount", parents=[common], help="unmount a modelfs mount")
     p.add_argument("mountpoint", metavar="MOUNTPOINT", type=Path)
     p.set_defaults(func=cmd_umount)
+
+    p = sub.add_parser(
+        "serve", parents=[common], help="serve the store over the OCI distribution API"
+    )
+    p.add_argument(
+        "--listen",
+        metavar="ADDR:PORT",
+        help="where to listen (default: 127.0.0.1:11500, or 0.0.0.0:11500 with a token)",
+    )
+    p.add_argument(
+        "--token-file",
+        metavar="F",
+        type=Path,
+        help="require `Authorization: Bearer <token>`; without it only loopback is served",
+    )
+    p.add_argument("--tls-cert", metavar="F", type=Path, help="serve HTTPS with this certificate")
+    p.add_argument("--tls-key", metavar="F", type=Path, help="the certificate's private key")
+    p.add_argument(
+        "--prefer",
+        type=_prefer,
+        default=DEFAULT_PREFER,
+        metavar="RUNNERS",
+        help="child of a manifest list served to clients that do not take lists "
+        "(default: llamacpp,ggml,mlx)",
+    )
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("demo-store", parents=[common], help="write a demo store into DIR")
     p.add_argument("dir", metavar="DIR", type=Path)

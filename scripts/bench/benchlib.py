@@ -289,7 +289,6 @@ class Row:
     path: str
     samples: list[float] = field(default_factory=list)
     unit: str = "MB/s"
-    higher_is_better: bool = True
     note: str = ""
     ratio: float | None = None  # to native, filled in by the script
     target: str = ""

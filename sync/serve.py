@@ -1,0 +1,223 @@
+"""Run an ASGI app with hypercorn on trio, until cancelled (then shut down gracefully).
+
+    url = await nursery.start(serve, app, "127.0.0.1:0")     # "http://127.0.0.1:40123"
+    ...
+    nursery.cancel_scope.cancel()    # stop accepting, let requests in flight finish (≤ grace)
+
+Hypercorn binds before it reports its addresses, so port 0 works and the URL carries the port
+the kernel chose.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import re
+import signal
+import ssl
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve as hypercorn_serve
+
+log = logging.getLogger(__name__)
+
+GRACE = 5.0  # seconds a request in flight may take to finish after shutdown begins
+_LISTEN = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.%\w]+)\]|(?P<host>[^\[\]:]*)):(?P<port>[0-9]{1,5})")
+
+
+class ServeError(Exception):
+    """The server cannot start (address, certificate, token); one line for the user."""
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """`ADDR:PORT`, `[V6ADDR]:PORT` or `:PORT` (all IPv4 addresses) -> (host, port)."""
+    m = _LISTEN.fullmatch(listen.strip())
+    if m is None:
+        raise ServeError(f"invalid listen address {listen!r} (expected ADDR:PORT)")
+    host = m.group("v6") if m.group("v6") is not None else (m.group("host") or "0.0.0.0")
+    port = int(m.group("port"))
+    if port > 65535:
+        raise ServeError(f"invalid port in listen address {listen!r}")
+    return host, port
+
+
+def is_loopback_host(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def make_config(
+    listen: str,
+    *,
+    tls_cert: str | os.PathLike[str] | None = None,
+    tls_key: str | os.PathLike[str] | None = None,
+) -> Config:
+    host, port = parse_listen(listen)
+    if (tls_cert is None) != (tls_key is None):
+        raise ServeError("TLS needs both a certificate and a key")
+    config = Config()
+    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    if tls_cert is not None and tls_key is not None:
+        config.certfile = os.fspath(tls_cert)
+        config.keyfile = os.fspath(tls_key)
+        # HTTP/1.1 only: blobs are big single streams, where h2's flow control and framing
+        # cost throughput and buy nothing (measured: see the note in the commit).
+        config.alpn_protocols = ["http/1.1"]
+    config.graceful_timeout = GRACE
+    config.include_server_header = False
+    config.accesslog = None  # the app logs requests itself, at debug level
+    # Hypercorn's own log goes through ours; its "Running on" line repeats ours, so only
+    # its warnings and errors are shown unless we log at debug level.
+    errorlog = logging.getLogger("hypercorn.error")
+    if not log.isEnabledFor(logging.DEBUG):
+        errorlog.setLevel(logging.WARNING)
+    config.errorlog = errorlog
+    # A request line and headers fit in far less; a client sending more is not a registry
+    # client.
+    config.h11_max_incomplete_size = 16 * 1024
+    return config
+
+
+def check_tls(tls_cert: str | os.PathLike[str], tls_key: str | os.PathLike[str]) -> None:
+    """Load the certificate and key once, so a bad pair is a clear error before binding."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(os.fspath(tls_cert), os.fspath(tls_key))
+    except FileNotFoundError as exc:
+        raise ServeError(f"{exc.filename}: no such file") from None
+    except (ssl.SSLError, OSError) as exc:
+        raise ServeError(
+            f"cannot load TLS certificate {tls_cert} and key {tls_key}: {exc}"
+        ) from None
+
+
+async def serve(
+    app: Any,
+    listen: str,
+    *,
+    tls_cert: str | os.PathLike[str] | None = None,
+    tls_key: str | os.PathLike[str] | None = None,
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve `app` on `listen` until cancelled; report the bound URL through `task_status`.
+
+    Cancellation starts a graceful shutdown: the listener closes at once, requests in flight
+    get `GRACE` seconds to finish, then whatever is left is cut.
+    """
+    config = make_config(listen, tls_cert=tls_cert, tls_key=tls_key)
+    if tls_cert is not None and tls_key is not None:
+        check_tls(tls_cert, tls_key)
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        # The server runs shielded, so that our cancellation reaches it as the shutdown
+        # trigger (graceful) rather than as Cancelled in every connection (abrupt).
+        shield = trio.CancelScope(shield=True)
+
+        async def run(task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+            with shield:
+                await hypercorn_serve(
+                    app, config, shutdown_trigger=stop.wait, task_status=task_status
+                )
+
+        try:
+            binds: list[str] = await nursery.start(run)
+        except OSError as exc:
+            raise ServeError(f"cannot listen on {listen}: {exc.strerror or exc}") from None
+        url = binds[0]
+        log.info("listening on %s", url)
+        task_status.started(url)
+        try:
+            await trio.sleep_forever()
+        finally:
+            log.info("shutting down")
+            stop.set()
+            # Past the grace period (hypercorn's own, plus a margin), stop waiting.
+            shield.deadline = trio.current_time() + GRACE + 2.0
+
+
+# -- `modelfs serve` ----------------------------------------------------------------------------
+DEFAULT_PORT = 11500
+
+
+def default_listen(*, token: bool) -> str:
+    """Loopback unless a token guards the server: without a token only loopback clients are
+    served anyway, so listening wider would only expose a port that answers 403."""
+    return f"0.0.0.0:{DEFAULT_PORT}" if token else f"127.0.0.1:{DEFAULT_PORT}"
+
+
+def read_token_file(path: str | os.PathLike[str]) -> str:
+    """The bearer token in a file, surrounding whitespace stripped; ServeError if unusable."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_TOKEN_FILE + 1)
+    except OSError as exc:
+        raise ServeError(f"cannot read token file {os.fspath(path)}: {exc.strerror}") from None
+    if len(raw) > MAX_TOKEN_FILE:
+        raise ServeError(f"token file {os.fspath(path)} is larger than {MAX_TOKEN_FILE} bytes")
+    token = raw.decode("latin-1").strip()
+    if not token:
+        raise ServeError(f"token file {os.fspath(path)} is empty")
+    if any(not (0x21 <= ord(c) <= 0x7E) for c in token):
+        # An HTTP header could never carry it, so no client could ever match it.
+        raise ServeError(
+            f"token in {os.fspath(path)} has spaces or characters outside printable ASCII"
+        )
+    return token
+
+
+MAX_TOKEN_FILE = 1024
+
+
+def run_server(
+    root: str | os.PathLike[str],
+    *,
+    listen: str | None = None,
+    token_file: str | os.PathLike[str] | None = None,
+    tls_cert: str | os.PathLike[str] | None = None,
+    tls_key: str | os.PathLike[str] | None = None,
+    prefer: Sequence[str] | None = None,
+    ready: Callable[[str], None] | None = None,
+) -> None:
+    """`modelfs serve`: serve the store at `root` until SIGTERM or SIGINT.
+
+    `ready(url)` is called once the socket is bound (the CLI prints `listening on URL`).
+    """
+    from store.layout import Layout
+    from store.scan import DEFAULT_PREFER
+    from sync.server import RegistryApp
+
+    token = read_token_file(token_file) if token_file is not None else None
+    if (tls_cert is None) != (tls_key is None):
+        raise ServeError("--tls-cert and --tls-key go together")
+    listen = listen or default_listen(token=token is not None)
+    host, _ = parse_listen(listen)
+    if token is None and not is_loopback_host(host):
+        log.warning("no --token-file: only loopback clients will be served on %s", listen)
+    app = RegistryApp(Layout(root), token=token, prefer=prefer or DEFAULT_PREFER)
+
+    async def main() -> None:
+        # Scan before listening, so the first client does not wait for it and a store
+        # problem shows in the log right away.
+        await app.view()
+        async with trio.open_nursery() as nursery:
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                url = await nursery.start(
+                    partial(serve, app, listen, tls_cert=tls_cert, tls_key=tls_key)
+                )
+                if ready is not None:
+                    ready(url)
+                async for signum in signals:
+                    log.info("%s: stopping", signal.Signals(signum).name)
+                    break
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)

@@ -1,0 +1,970 @@
+"""The read-only OCI distribution server over one store (DESIGN §4), as a plain ASGI app.
+
+    RegistryApp(layout, token=None, prefer=DEFAULT_PREFER)    an ASGI 3 callable
+
+Endpoints (every one behind the same access rule, see `RegistryApp.check_access`):
+
+    GET       /v2/                                  {} and Docker-Distribution-API-Version
+    GET|HEAD  /v2/<repo>/manifests/<tag|digest>     manifest bytes, byte for byte
+    GET|HEAD  /v2/<repo>/blobs/<digest>             blob bytes, one Range, optional zstd
+    GET       /v2/_catalog?n=&last=                 {"repositories": [...]}
+    GET       /v2/<repo>/tags/list?n=&last=         {"name": repo, "tags": [...]}
+    GET       /modelfs/v1/status                    JSON: host, store, counts, uptime, traffic
+    GET       /metrics                              Prometheus text format
+
+`<repo>` is `<ns>/<model>` on the default host and `<host>/<ns>/<model>` otherwise. Every
+name and digest in a URL is validated before it is used, and only a validated digest is ever
+turned into a path (`blobs/sha256-<64 hex>`), so no URL can reach a file outside `blobs/`.
+
+The app serves from a `StoreIndex` snapshot that it rebuilds in a worker thread when
+`store_signature` changes, looked at no more than once per `refresh_interval` and only when a
+request comes in: a pull, `ollama rm` or re-tag shows within about a second, without restart.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import ipaddress
+import json
+import logging
+import os
+import re
+import socket
+import stat
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl, unquote_to_bytes, urlencode
+
+import trio
+import zstandard
+
+from store.digest import Digest
+from store.errors import (
+    BlobError,
+    CorruptBlobError,
+    InvalidDigestError,
+    InvalidNameError,
+    ManifestError,
+    MissingBlobError,
+    ModelNotFoundError,
+    StoreError,
+)
+from store.layout import Layout
+from store.manifest import (
+    LAYER_PREFIX,
+    MAX_MANIFEST_BYTES,
+    MEDIA_CONFIG,
+    MEDIA_LIST,
+    Manifest,
+    ManifestList,
+    parse_manifest,
+)
+from store.names import Name
+from store.scan import DEFAULT_PREFER, StoreIndex, scan_store
+from store.watch import store_signature
+from sync.protocol import API_VERSION_HEADER, DIGEST_HEADER, name_from_repository
+
+log = logging.getLogger(__name__)
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+VERSION = "0.1"
+# One read and one ASGI message per chunk: big enough that per-message costs vanish against
+# the copy, small enough that a page-cache miss does not stall the send for long.
+CHUNK = 4 << 20
+MAX_PATH = 2048  # bytes of raw path; the longest valid manifest URL is ~630
+MAX_TOKEN = 4096
+MAX_PAGE = 10_000
+REFRESH_INTERVAL = 1.0
+# zstd: only for text-like layers a client asks it for, small enough to compress in one go,
+# and only when it saves a tenth; results are kept for the next client.
+ZSTD_LEVEL = 3
+ZSTD_MIN = 1024
+ZSTD_MAX = 64 << 20
+ZSTD_CACHE = 64 << 20
+COMPRESSIBLE_KINDS = frozenset(
+    {"template", "prompt", "system", "params", "messages", "license", "json"}
+)
+JSON = "application/json"
+OCTETS = "application/octet-stream"
+METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+READ_ONLY_METHODS = ("GET", "HEAD")
+KNOWN_METHODS = frozenset({"GET", "HEAD", "PUT", "POST", "PATCH", "DELETE", "OPTIONS"})
+_DIGITS = re.compile(r"[0-9]{1,19}")
+
+
+# -- errors ----------------------------------------------------------------------------------
+class HTTPError(Exception):
+    """An answer that is not a success: status, OCI error code and a one-line message."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        headers: Iterable[tuple[str, str]] = (),
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = list(headers)
+
+
+def error_status(exc: BaseException) -> HTTPError:
+    """The one mapping from what handlers raise to an HTTP status and OCI error code."""
+    if isinstance(exc, HTTPError):
+        return exc
+    if isinstance(exc, InvalidNameError):
+        return HTTPError(400, "NAME_INVALID", str(exc))
+    if isinstance(exc, InvalidDigestError):
+        return HTTPError(400, "DIGEST_INVALID", str(exc))
+    if isinstance(exc, ModelNotFoundError | ManifestError):
+        return HTTPError(404, "MANIFEST_UNKNOWN", str(exc))
+    if isinstance(exc, BlobError):
+        # Missing, quarantined or the wrong size: to a client all mean "not here, try a peer".
+        return HTTPError(404, "BLOB_UNKNOWN", str(exc))
+    if isinstance(exc, StoreError):
+        return HTTPError(500, "UNKNOWN", str(exc))
+    if isinstance(exc, OSError):
+        return HTTPError(500, "UNKNOWN", f"cannot read the store: {exc.strerror or exc}")
+    return HTTPError(500, "UNKNOWN", "internal error")
+
+
+# -- requests and responses ------------------------------------------------------------------
+@dataclass(slots=True)
+class Request:
+    method: str
+    segments: list[str]
+    raw_path: bytes
+    query: dict[str, str]
+    headers: dict[str, str]
+    client: str | None
+
+    @classmethod
+    def from_scope(cls, scope: Scope) -> Request:
+        headers: dict[str, str] = {}
+        for raw_name, raw_value in scope.get("headers", ()):
+            name = raw_name.decode("latin-1").lower()
+            value = raw_value.decode("latin-1")
+            if name in headers:
+                # Lists may be split over several lines; for the rest the first one counts.
+                if name in ("accept", "accept-encoding"):
+                    headers[name] += ", " + value
+                continue
+            headers[name] = value
+        raw_path = scope.get("raw_path") or scope.get("path", "/").encode("utf-8")
+        raw_path = raw_path.partition(b"?")[0]
+        query: dict[str, str] = {}
+        qs = scope.get("query_string", b"").decode("latin-1")
+        try:
+            for key, value in parse_qsl(qs, keep_blank_values=True, max_num_fields=16):
+                query.setdefault(key, value)
+        except ValueError:
+            query = {"\0": ""}  # too many fields: no handler accepts this key
+        client = scope.get("client")
+        return cls(
+            method=scope.get("method", "GET").upper(),
+            segments=[],
+            raw_path=raw_path,
+            query=query,
+            headers=headers,
+            client=client[0] if client else None,
+        )
+
+
+def split_path(raw_path: bytes) -> list[str]:
+    """Path segments, each percent-decoded on its own; HTTPError for anything suspicious.
+
+    Decoding per segment keeps an encoded slash (`%2F`) inside its segment, where it fails
+    name validation, instead of turning into a separator; `.`/`..`, NUL, backslashes, empty
+    segments and non-UTF-8 bytes are refused outright.
+    """
+    if len(raw_path) > MAX_PATH:
+        raise HTTPError(414, "NAME_INVALID", f"path longer than {MAX_PATH} bytes")
+    if not raw_path.startswith(b"/"):
+        raise HTTPError(400, "NAME_INVALID", "path must start with /")
+    segments = []
+    parts = raw_path[1:].split(b"/")
+    for i, part in enumerate(parts):
+        try:
+            text = unquote_to_bytes(part).decode("utf-8")
+        except UnicodeDecodeError:
+            raise HTTPError(400, "NAME_INVALID", "path is not UTF-8") from None
+        if text in (".", "..") or any(c in text for c in "/\\\0") or not text.isprintable():
+            raise HTTPError(400, "NAME_INVALID", f"invalid path segment {text[:80]!r}")
+        if not text and i != len(parts) - 1:
+            raise HTTPError(400, "NAME_INVALID", "empty path segment")
+        segments.append(text)
+    return segments
+
+
+def _etag(digest: Digest, suffix: str = "") -> str:
+    return f'"{digest}{suffix}"'
+
+
+def _etag_matches(header: str | None, etag: str) -> bool:
+    if header is None:
+        return False
+    candidates = [t.strip().removeprefix("W/") for t in header.split(",")]
+    return "*" in candidates or etag in candidates
+
+
+def accepts(header: str | None, media_type: str) -> bool:
+    """True when an Accept header names `media_type` explicitly with a non-zero q."""
+    return _listed(header, media_type)
+
+
+def _listed(header: str | None, token: str) -> bool:
+    if not header:
+        return False
+    for item in header.split(","):
+        value, *params = (p.strip() for p in item.split(";"))
+        if value.lower() != token:
+            continue
+        q = 1.0
+        for param in params:
+            key, _, number = param.partition("=")
+            if key.strip().lower() == "q":
+                try:
+                    q = float(number)
+                except ValueError:
+                    q = 0.0
+        if q > 0:
+            return True
+    return False
+
+
+def parse_range(header: str, size: int) -> tuple[int, int] | None:
+    """The one byte range a `Range` header asks for, as (first, last) inclusive.
+
+    None means "send it all": another unit, or several ranges (RFC 9110 lets a server ignore
+    either). A malformed `bytes=` spec or an unsatisfiable one is a 416.
+    """
+    unit, sep, spec = header.partition("=")
+    if not sep or unit.strip().lower() != "bytes":
+        return None
+    spec = spec.strip()
+    if "," in spec:
+        return None
+    unsatisfiable = HTTPError(
+        416,
+        "RANGE_INVALID",
+        f"range {spec[:40]!r} not satisfiable for {size} bytes",
+        [("Content-Range", f"bytes */{size}")],
+    )
+    first_text, dash, last_text = (p.strip() for p in spec.partition("-"))
+    if (
+        not dash
+        or not (first_text or last_text)
+        or (first_text and not _DIGITS.fullmatch(first_text))
+        or (last_text and not _DIGITS.fullmatch(last_text))
+    ):
+        raise HTTPError(
+            416,
+            "RANGE_INVALID",
+            f"malformed range {spec[:40]!r}",
+            [("Content-Range", f"bytes */{size}")],
+        )
+    if not first_text:
+        suffix = int(last_text)
+        if suffix == 0 or size == 0:
+            raise unsatisfiable
+        return max(0, size - suffix), size - 1
+    first = int(first_text)
+    last = int(last_text) if last_text else size - 1
+    if last < first:
+        raise HTTPError(
+            416,
+            "RANGE_INVALID",
+            f"malformed range {spec[:40]!r}",
+            [("Content-Range", f"bytes */{size}")],
+        )
+    if first >= size:
+        raise unsatisfiable
+    return first, min(last, size - 1)
+
+
+def _page(items: Sequence[str], query: Mapping[str, str]) -> tuple[list[str], bool]:
+    """OCI pagination: names after `last` (case-insensitive order), at most `n` of them."""
+    n_text = query.get("n")
+    limit = MAX_PAGE
+    if n_text is not None:
+        if not _DIGITS.fullmatch(n_text):
+            raise HTTPError(400, "PAGINATION_NUMBER_INVALID", f"invalid n {n_text[:20]!r}")
+        limit = min(int(n_text), MAX_PAGE)
+    last = query.get("last")
+    start = 0
+    if last:
+        key = _sort_key(last)
+        while start < len(items) and _sort_key(items[start]) <= key:
+            start += 1
+    chunk = list(items[start : start + limit])
+    more = start + limit < len(items)
+    return chunk, more and bool(chunk)
+
+
+def _sort_key(text: str) -> tuple[str, str]:
+    return (text.lower(), text)
+
+
+# -- the store, as served --------------------------------------------------------------------
+@dataclass(slots=True)
+class Repo:
+    name: str  # as spelled on disk
+    tags: list[str]
+
+
+@dataclass(slots=True)
+class View:
+    """Everything a request needs from one store snapshot, computed once per rebuild."""
+
+    index: StoreIndex
+    manifests: dict[Digest, Manifest | ManifestList] = field(default_factory=dict)
+    blob_sizes: dict[Digest, set[int]] = field(default_factory=dict)
+    compressible: set[Digest] = field(default_factory=set)
+    repos: dict[tuple[str, str, str], Repo] = field(default_factory=dict)
+    catalog: list[str] = field(default_factory=list)
+
+    @classmethod
+    def build(cls, layout: Layout) -> View:
+        view = cls(scan_store(layout))
+        for entry in view.index:
+            view.manifests[entry.top.digest] = entry.top
+            view.compressible.add(entry.top.digest)
+            for variant in entry.variants:
+                view._add_manifest(variant.manifest)
+            if isinstance(entry.top, Manifest):
+                view._add_manifest(entry.top)
+            key = entry.name.key[:3]
+            repo = view.repos.setdefault(key, Repo(entry.name.repository, []))
+            repo.tags.append(entry.name.tag)
+        for repo in view.repos.values():
+            repo.tags.sort(key=_sort_key)
+        view.catalog = sorted((r.name for r in view.repos.values()), key=_sort_key)
+        return view
+
+    def _add_manifest(self, manifest: Manifest) -> None:
+        self.manifests[manifest.digest] = manifest
+        self.compressible.add(manifest.digest)
+        layers = list(manifest.layers)
+        if manifest.config is not None:
+            layers.append(manifest.config)
+        for layer in layers:
+            self.blob_sizes.setdefault(layer.digest, set()).add(layer.size)
+            if layer.media_type == MEDIA_CONFIG or (
+                layer.media_type.startswith(LAYER_PREFIX) and layer.kind in COMPRESSIBLE_KINDS
+            ):
+                self.compressible.add(layer.digest)
+
+    def repo(self, repository: str) -> Repo:
+        key = name_from_repository(repository, "latest").key[:3]
+        repo = self.repos.get(key)
+        if repo is None:
+            raise HTTPError(404, "NAME_UNKNOWN", f"repository {repository!r} not known")
+        return repo
+
+
+@dataclass(slots=True)
+class Stats:
+    started: float = field(default_factory=time.monotonic)
+    requests: Counter[tuple[str, int]] = field(default_factory=Counter)
+    bytes_served: int = 0
+    blobs_served: int = 0
+    manifests_served: int = 0
+
+
+@dataclass(slots=True)
+class OpenBlob:
+    fd: int
+    size: int
+
+
+def _is_loopback(host: str | None) -> bool:
+    if not host:
+        return False
+    try:
+        addr = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return addr.is_loopback
+
+
+def _token_hash(token: str | bytes) -> bytes:
+    data = token.encode("utf-8") if isinstance(token, str) else token
+    return hashlib.sha256(data).digest()
+
+
+# -- the app ---------------------------------------------------------------------------------
+class RegistryApp:
+    """A read-only OCI distribution registry over one store root."""
+
+    def __init__(
+        self,
+        layout: Layout,
+        *,
+        token: str | None,
+        prefer: Sequence[str] = DEFAULT_PREFER,
+        host_id: str | None = None,
+        refresh_interval: float = REFRESH_INTERVAL,
+        zstd: bool = True,
+    ) -> None:
+        self.layout = layout
+        # Only a hash of the token is kept; comparing hashes takes the same time whatever
+        # the length or prefix of what a client sends.
+        self._token_hash = _token_hash(token) if token else None
+        self.prefer = tuple(prefer)
+        self.host_id = host_id or socket.gethostname()
+        self.refresh_interval = refresh_interval
+        self.zstd = zstd
+        self.stats = Stats()
+        self._view: View | None = None
+        self._signature: tuple[object, ...] | None = None
+        self._checked = -float("inf")
+        self._refresh_lock = trio.Lock()
+        self._zstd_cache: OrderedDict[Digest, bytes | None] = OrderedDict()
+        self._zstd_cache_bytes = 0
+
+    # -- the snapshot --------------------------------------------------------------------
+    async def view(self) -> View:
+        """The current snapshot; rebuilt first when the store changed since the last look."""
+        if self._view is not None and time.monotonic() - self._checked < self.refresh_interval:
+            return self._view
+        async with self._refresh_lock:
+            # Whoever waited on the lock finds the work done.
+            if self._view is not None and time.monotonic() - self._checked < self.refresh_interval:
+                return self._view
+            # Signature before scan: a change during the scan is caught by the next look.
+            signature = await trio.to_thread.run_sync(store_signature, self.layout)
+            if self._view is None or signature != self._signature:
+                started = time.monotonic()
+                view = await trio.to_thread.run_sync(View.build, self.layout)
+                log.info(
+                    "store %s: %d model(s), %d blob(s), %d problem(s) (%.2f s)",
+                    self.layout.root,
+                    len(view.index),
+                    len(view.index.blob_names),
+                    len(view.index.problems),
+                    time.monotonic() - started,
+                )
+                self._view, self._signature = view, signature
+                self._zstd_cache.clear()
+                self._zstd_cache_bytes = 0
+            self._checked = time.monotonic()
+            assert self._view is not None
+            return self._view
+
+    # -- ASGI ----------------------------------------------------------------------------
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            if scope["type"] == "websocket":
+                await send({"type": "websocket.close", "code": 1003})
+            return
+        request = Request.from_scope(scope)
+        started = time.monotonic()
+        status = 0
+        sent = 0
+
+        async def counted(message: Message) -> None:
+            nonlocal status, sent
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            elif message["type"] == "http.response.body":
+                n = len(message.get("body", b""))
+                sent += n
+                self.stats.bytes_served += n
+            await send(message)
+
+        try:
+            await self._handle(request, receive, counted)
+        except Exception as exc:
+            if status:
+                # The response has begun (a read failed mid-blob): all we can do is cut the
+                # connection, which tells the client the body is short.
+                log.warning(
+                    "%s %s: aborted after %d bytes: %s", request.method, _show(request), sent, exc
+                )
+                raise
+            err = error_status(exc)
+            if err.status >= 500:
+                log.error("%s %s: %s", request.method, _show(request), exc, exc_info=exc)
+            await self._send_error(request, counted, err)
+        finally:
+            method = request.method if request.method in KNOWN_METHODS else "OTHER"
+            self.stats.requests[(method, status or 500)] += 1
+            log.debug(
+                "%s %s %s %d bytes %.3f s",
+                request.client,
+                request.method,
+                _show(request),
+                status,
+                sent,
+                time.monotonic() - started,
+            )
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    # -- access --------------------------------------------------------------------------
+    def check_access(self, request: Request) -> None:
+        """With a token, every request must carry it; without one, only loopback is served.
+
+        `Authorization: Bearer <token>`; Basic with the token as password is accepted too,
+        for clients that only know `--creds user:password`.
+        """
+        if self._token_hash is None:
+            if not _is_loopback(request.client):
+                raise HTTPError(
+                    403,
+                    "DENIED",
+                    "this server has no token and serves loopback clients only",
+                )
+            return
+        given = _credential(request.headers.get("authorization", ""))
+        if given is None or not hmac.compare_digest(_token_hash(given), self._token_hash):
+            raise HTTPError(
+                401,
+                "UNAUTHORIZED",
+                "authentication required",
+                [("WWW-Authenticate", 'Bearer realm="modelfs"')],
+            )
+
+    # -- routing -------------------------------------------------------------------------
+    async def _handle(self, request: Request, receive: Receive, send: Send) -> None:
+        self.check_access(request)
+        if request.method not in READ_ONLY_METHODS:
+            raise HTTPError(
+                405,
+                "UNSUPPORTED",
+                f"{request.method[:16]} is not supported: this registry is read-only",
+                [("Allow", "GET, HEAD")],
+            )
+        segments = split_path(request.raw_path)
+        request.segments = segments
+        if segments[:1] == ["v2"]:
+            await self._v2(request, segments[1:], receive, send)
+        elif segments == ["modelfs", "v1", "status"]:
+            await self._respond_json(request, send, await self._status())
+        elif segments == ["metrics"]:
+            body = (await self._metrics()).encode()
+            await self._respond(request, send, 200, [("Content-Type", METRICS_TYPE)], body)
+        else:
+            raise HTTPError(404, "NOT_FOUND", "no such endpoint")
+
+    async def _v2(self, request: Request, rest: list[str], receive: Receive, send: Send) -> None:
+        if rest in ([], [""]):
+            await self._respond_json(request, send, {})
+            return
+        if rest == ["_catalog"]:
+            view = await self.view()
+            repos, more = _page(view.catalog, request.query)
+            headers = self._next_link("/v2/_catalog", request.query, repos, more)
+            await self._respond_json(request, send, {"repositories": repos}, headers)
+            return
+        if len(rest) >= 4 and rest[-2:] == ["tags", "list"]:
+            repository = "/".join(rest[:-2])
+            _check_repository(repository)
+            repo = (await self.view()).repo(repository)
+            tags, more = _page(repo.tags, request.query)
+            headers = self._next_link(f"/v2/{repository}/tags/list", request.query, tags, more)
+            await self._respond_json(request, send, {"name": repo.name, "tags": tags}, headers)
+            return
+        if len(rest) >= 4 and rest[-2] in ("manifests", "blobs"):
+            repository = "/".join(rest[:-2])
+            _check_repository(repository)
+            if rest[-2] == "manifests":
+                await self._manifest(request, repository, rest[-1], send)
+            else:
+                await self._blob(request, Digest.parse(rest[-1]), receive, send)
+            return
+        raise HTTPError(404, "NOT_FOUND", "no such endpoint")
+
+    @staticmethod
+    def _next_link(
+        path: str, query: Mapping[str, str], items: list[str], more: bool
+    ) -> list[tuple[str, str]]:
+        if not more:
+            return []
+        params = {"last": items[-1]}
+        if "n" in query:
+            params["n"] = query["n"]
+        return [("Link", f'<{path}?{urlencode(params)}>; rel="next"')]
+
+    # -- manifests -----------------------------------------------------------------------
+    async def _manifest(
+        self, request: Request, repository: str, reference: str, send: Send
+    ) -> None:
+        view = await self.view()
+        vary = False
+        if ":" in reference or reference.startswith("sha256-"):
+            digest = Digest.parse(reference)
+            manifest = view.manifests.get(digest)
+            if manifest is None:
+                manifest = await trio.to_thread.run_sync(self._manifest_blob, view, digest)
+        else:
+            name = name_from_repository(repository, reference)
+            manifest = _resolve_tag(view, name, request.headers.get("accept"), self.prefer)
+            vary = True
+        digest = manifest.digest
+        etag = _etag(digest)
+        headers = [
+            ("Content-Type", manifest.media_type),
+            (DIGEST_HEADER, str(digest)),
+            ("ETag", etag),
+        ]
+        if vary:
+            headers.append(("Vary", "Accept"))
+        if _etag_matches(request.headers.get("if-none-match"), etag):
+            await self._respond(request, send, 304, headers, b"", length=False)
+            return
+        self.stats.manifests_served += request.method == "GET"
+        await self._respond(request, send, 200, headers, manifest.raw)
+
+    def _manifest_blob(self, view: View, digest: Digest) -> Manifest | ManifestList:
+        """A manifest held only as a blob (no tag names it): read, verified, parsed."""
+        missing = ModelNotFoundError(f"manifest {digest} not found")
+        try:
+            fd = os.open(self.layout.blob(digest), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            raise missing from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_MANIFEST_BYTES:
+                raise missing
+            raw = os.pread(fd, st.st_size, 0)
+        finally:
+            os.close(fd)
+        if Digest.of_bytes(raw) != digest:
+            raise ModelNotFoundError(f"manifest {digest}: stored bytes do not match the digest")
+        try:
+            return parse_manifest(raw, f"blobs/{digest.blob_name}")
+        except StoreError:
+            raise missing from None
+
+    # -- blobs ---------------------------------------------------------------------------
+    def _open_blob(self, view: View, digest: Digest) -> OpenBlob:
+        """Open a blob that may be served: a regular file under its canonical name, not
+        quarantined, and as long as every manifest that names it says."""
+        path = self.layout.blob(digest)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            # ELOOP: a symlink where a blob should be could point anywhere; never follow it.
+            raise MissingBlobError(f"blob {digest} not found") from exc
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise MissingBlobError(f"blob {digest} not found")
+            if os.path.lexists(self.layout.quarantine / digest.blob_name):
+                raise CorruptBlobError(f"blob {digest} is quarantined")
+            sizes = view.blob_sizes.get(digest)
+            if sizes and st.st_size not in sizes:
+                log.warning(
+                    "blob %s is %d bytes, its manifests say %s: not served",
+                    digest,
+                    st.st_size,
+                    sorted(sizes),
+                )
+                raise CorruptBlobError(f"blob {digest} has the wrong size")
+        except BaseException:
+            os.close(fd)
+            raise
+        return OpenBlob(fd, st.st_size)
+
+    async def _blob(self, request: Request, digest: Digest, receive: Receive, send: Send) -> None:
+        view = await self.view()
+        blob = await trio.to_thread.run_sync(self._open_blob, view, digest)
+        try:
+            await self._send_blob(request, view, digest, blob, receive, send)
+        finally:
+            os.close(blob.fd)
+
+    async def _send_blob(
+        self,
+        request: Request,
+        view: View,
+        digest: Digest,
+        blob: OpenBlob,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        size = blob.size
+        etag = _etag(digest)
+        headers = [
+            ("Content-Type", OCTETS),
+            (DIGEST_HEADER, str(digest)),
+            ("ETag", etag),
+            ("Accept-Ranges", "bytes"),
+        ]
+        if _etag_matches(request.headers.get("if-none-match"), etag):
+            await self._respond(request, send, 304, headers, b"", length=False)
+            return
+        range_header = request.headers.get("range")
+        if_range = request.headers.get("if-range")
+        if range_header is not None and if_range is not None and if_range.strip() != etag:
+            range_header = None  # If-Range names another representation: send it whole
+        span = parse_range(range_header, size) if range_header is not None else None
+
+        if (
+            span is None
+            and range_header is None
+            and request.method == "GET"
+            and self.zstd
+            and digest in view.compressible
+            and ZSTD_MIN <= size <= ZSTD_MAX
+            and _listed(request.headers.get("accept-encoding"), "zstd")
+        ):
+            packed = await self._zstd(blob, digest)
+            if packed is not None:
+                headers += [
+                    ("Content-Encoding", "zstd"),
+                    ("Vary", "Accept-Encoding"),
+                ]
+                headers[2] = ("ETag", _etag(digest, "+zstd"))
+                self.stats.blobs_served += 1
+                await self._respond(request, send, 200, headers, packed)
+                return
+
+        if span is None:
+            status, first, length = 200, 0, size
+        else:
+            status, first, length = 206, span[0], span[1] - span[0] + 1
+            headers.append(("Content-Range", f"bytes {span[0]}-{span[1]}/{size}"))
+        headers.append(("Content-Length", str(length)))
+        await send({"type": "http.response.start", "status": status, "headers": _encode(headers)})
+        if request.method == "HEAD" or length == 0:
+            await send({"type": "http.response.body", "body": b""})
+            return
+        async with trio.open_nursery() as nursery:
+            # A client that hangs up must not leave us reading the rest of a 40 GB blob.
+            nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
+            await _stream(blob.fd, first, length, send)
+            nursery.cancel_scope.cancel()
+        self.stats.blobs_served += 1
+
+    async def _zstd(self, blob: OpenBlob, digest: Digest) -> bytes | None:
+        """The blob compressed, or None when that does not save a tenth."""
+        if digest in self._zstd_cache:
+            self._zstd_cache.move_to_end(digest)
+            return self._zstd_cache[digest]
+
+        def compress() -> bytes | None:
+            raw = os.pread(blob.fd, blob.size, 0)
+            if len(raw) != blob.size:
+                raise CorruptBlobError(f"blob {digest} changed size while read")
+            packed = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(raw)
+            return packed if len(packed) <= blob.size * 0.9 else None
+
+        packed = await trio.to_thread.run_sync(compress)
+        self._zstd_cache[digest] = packed
+        self._zstd_cache_bytes += len(packed or b"")
+        while self._zstd_cache_bytes > ZSTD_CACHE and self._zstd_cache:
+            _, old = self._zstd_cache.popitem(last=False)
+            self._zstd_cache_bytes -= len(old or b"")
+        return packed
+
+    # -- status and metrics --------------------------------------------------------------
+    async def _status(self) -> dict[str, Any]:
+        view = await self.view()
+        s = self.stats
+        return {
+            "version": VERSION,
+            "host_id": self.host_id,
+            "store": os.path.abspath(self.layout.root),
+            "models": len(view.index),
+            "blobs": len(view.index.blob_names),
+            "problems": len(view.index.problems),
+            "uptime_seconds": round(time.monotonic() - s.started, 3),
+            "requests": sum(s.requests.values()),
+            "bytes_served": s.bytes_served,
+            "blobs_served": s.blobs_served,
+            "manifests_served": s.manifests_served,
+            "auth": "token" if self._token_hash else "loopback",
+        }
+
+    async def _metrics(self) -> str:
+        view = await self.view()
+        s = self.stats
+        out: list[str] = []
+
+        def metric(name: str, kind: str, help_text: str, samples: Iterable[tuple[str, float]]):
+            out.append(f"# HELP modelfs_{name} {help_text}")
+            out.append(f"# TYPE modelfs_{name} {kind}")
+            for labels, value in samples:
+                out.append(
+                    f"modelfs_{name}{labels} {value:g}"
+                    if isinstance(value, float)
+                    else f"modelfs_{name}{labels} {value}"
+                )
+
+        metric(
+            "http_requests_total",
+            "counter",
+            "HTTP requests answered, by method and status code.",
+            ((f'{{method="{m}",code="{c}"}}', n) for (m, c), n in sorted(s.requests.items())),
+        )
+        metric("bytes_served_total", "counter", "Response body bytes sent.", [("", s.bytes_served)])
+        metric("blobs_served_total", "counter", "Blob GETs served in full.", [("", s.blobs_served)])
+        metric(
+            "manifests_served_total", "counter", "Manifest GETs served.", [("", s.manifests_served)]
+        )
+        metric("models", "gauge", "Tags in the store.", [("", len(view.index))])
+        metric("blobs", "gauge", "Blobs in the store.", [("", len(view.index.blob_names))])
+        metric(
+            "store_problems",
+            "gauge",
+            "Problems found by the last scan.",
+            [("", len(view.index.problems))],
+        )
+        metric(
+            "uptime_seconds",
+            "gauge",
+            "Seconds since the server started.",
+            [("", round(time.monotonic() - s.started, 3))],
+        )
+        return "\n".join(out) + "\n"
+
+    # -- sending -------------------------------------------------------------------------
+    async def _respond(
+        self,
+        request: Request,
+        send: Send,
+        status: int,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        *,
+        length: bool = True,
+    ) -> None:
+        if length:
+            headers = [*headers, ("Content-Length", str(len(body)))]
+        await send({"type": "http.response.start", "status": status, "headers": _encode(headers)})
+        await send(
+            {"type": "http.response.body", "body": b"" if request.method == "HEAD" else body}
+        )
+
+    async def _respond_json(
+        self,
+        request: Request,
+        send: Send,
+        obj: Any,
+        headers: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        body = json.dumps(obj, separators=(",", ":")).encode()
+        await self._respond(request, send, 200, [("Content-Type", JSON), *headers], body)
+
+    async def _send_error(self, request: Request, send: Send, err: HTTPError) -> None:
+        body = json.dumps(
+            {"errors": [{"code": err.code, "message": err.message, "detail": None}]},
+            separators=(",", ":"),
+        ).encode()
+        await self._respond(request, send, err.status, [("Content-Type", JSON), *err.headers], body)
+
+
+# -- helpers ---------------------------------------------------------------------------------
+def _check_repository(repository: str) -> None:
+    name_from_repository(repository, "latest")
+
+
+def _resolve_tag(
+    view: View, name: Name, accept: str | None, prefer: Sequence[str]
+) -> Manifest | ManifestList:
+    """What a tag serves: its own bytes, or for a list and a client that does not take
+    lists, the preferred present child (as Ollama's registry serves old clients)."""
+    entry = view.index.lookup(name)
+    if isinstance(entry.top, Manifest) or accepts(accept, MEDIA_LIST):
+        return entry.top
+    variant = entry.preferred(prefer)
+    if variant is None:
+        raise ModelNotFoundError(
+            f"{name.shortest} is a manifest list with no child here; ask for {MEDIA_LIST}"
+        )
+    return variant.manifest
+
+
+def _credential(header: str) -> str | None:
+    if not header or len(header) > MAX_TOKEN:
+        return None
+    scheme, _, value = header.strip().partition(" ")
+    value = value.strip()
+    if scheme.lower() == "bearer":
+        return value or None
+    if scheme.lower() == "basic":
+        try:
+            decoded = base64.b64decode(value, validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError):
+            return None
+        _, sep, password = decoded.partition(":")
+        return password if sep else None
+    return None
+
+
+def _encode(headers: Iterable[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
+    out = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers]
+    out.append((API_VERSION_HEADER[0].lower().encode(), API_VERSION_HEADER[1].encode()))
+    return out
+
+
+def _show(request: Request) -> str:
+    return request.raw_path[:200].decode("latin-1")
+
+
+async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            scope.cancel()
+            return
+
+
+async def _stream(fd: int, offset: int, length: int, send: Send) -> None:
+    """Send `length` bytes of `fd` from `offset` as ASGI body messages.
+
+    A reader task preads the next chunk in a worker thread while the current one is being
+    sent: the copy out of the page cache (or a disk read) overlaps the socket write, and the
+    event loop never blocks on the disk.
+    """
+    end = offset + length
+    chunks_in, chunks_out = trio.open_memory_channel[bytes](1)
+
+    def read(at: int) -> bytes:
+        return os.pread(fd, min(CHUNK, end - at), at)
+
+    async def reader() -> None:
+        async with chunks_in:
+            at = offset
+            while at < end:
+                chunk = await trio.to_thread.run_sync(read, at)
+                if not chunk:
+                    raise CorruptBlobError(f"blob ended early at byte {at}")
+                at += len(chunk)
+                await chunks_in.send(chunk)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reader)
+        sent = 0
+        async with chunks_out:
+            async for chunk in chunks_out:
+                sent += len(chunk)
+                await send(
+                    {"type": "http.response.body", "body": chunk, "more_body": sent < length}
+                )

@@ -1,0 +1,42 @@
+"""llama.cpp itself (llama-cpp-python) loading a GGUF through the mount, by a plain path."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from modelfs.demo import VOCAB_ONLY_MODEL, build_demo_store
+from store.digest import Digest
+from store.layout import Layout
+from store.names import parse_name
+from tests.mounting import fuse, mounted
+
+llama_cpp = pytest.importorskip(
+    "llama_cpp", reason="llama-cpp-python not installed (scripts/setup installs it)"
+)
+
+pytestmark = [fuse, pytest.mark.slow]
+
+
+def test_llama_cpp_loads_a_mounted_gguf(tmp_path: Path) -> None:
+    root = tmp_path / "models"
+    build_demo_store(root)
+    name = parse_name(VOCAB_ONLY_MODEL)
+    mnt = tmp_path / "mnt"
+    with mounted(root, mnt):
+        path = mnt / name.model / name.tag / "model.gguf"
+        llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+        text = b"hello world"
+        tokens = llm.tokenize(text, add_bos=False)
+        assert tokens and all(isinstance(t, int) for t in tokens)
+        assert llm.detokenize(tokens) == text
+        assert llm.n_vocab() > 100
+        # llama.cpp reads the same vocabulary from the mounted path as from the blob itself.
+        digest = Digest.parse(os.getxattr(path, "user.modelfs.digest").decode())
+        native = llama_cpp.Llama(
+            model_path=str(Layout(root).blob(digest)), vocab_only=True, verbose=False
+        )
+        assert native.tokenize(text, add_bos=False) == tokens
+        assert native.n_vocab() == llm.n_vocab()
