@@ -37,6 +37,13 @@ NAME_TIMEOUT = 1.0
 ATTR_TIMEOUT = 300.0
 IMMUTABLE_DIRS = (".blobs", ".by-digest")
 
+XATTR_PREFIX = "user.modelfs."
+GGUF_XATTRS = (
+    "user.modelfs.gguf.architecture",
+    "user.modelfs.gguf.parameter_count",
+    "user.modelfs.gguf.file_type",
+)
+
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 
 
@@ -232,24 +239,33 @@ class ModelOperations(pyfuse3.Operations):
         return node.target
 
     # -- extended attributes -------------------------------------------------------------
-    async def _xattrs(self, node: Node) -> dict[str, bytes]:
-        if isinstance(node, BlobNode) and node.gguf:
-            extra = self._gguf_xattrs.get(node.inode)
-            if extra is None:
-                extra = await trio.to_thread.run_sync(_gguf_xattrs, node.path)
-                self._gguf_xattrs[node.inode] = extra
-            return {**node.xattrs, **extra}
-        return node.xattrs
-
     async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
-        values = await self._xattrs(self._node(inode))
-        value = values.get(os.fsdecode(name))
+        node = self._node(inode)
+        key = os.fsdecode(name)
+        # `ls -l` asks every entry for security.* and system.* names; answer those at once.
+        if not key.startswith(XATTR_PREFIX):
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+        value = node.xattrs.get(key)
+        if value is None and key in GGUF_XATTRS and isinstance(node, BlobNode) and node.gguf:
+            value = (await self._gguf(node)).get(key)
         if value is None:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         return value
 
     async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> list[bytes]:
-        return [os.fsencode(k) for k in await self._xattrs(self._node(inode))]
+        node = self._node(inode)
+        names = list(node.xattrs)
+        if isinstance(node, BlobNode) and node.gguf:
+            names += [k for k in GGUF_XATTRS if k in await self._gguf(node)]
+        return [os.fsencode(k) for k in names]
+
+    async def _gguf(self, node: BlobNode) -> dict[str, bytes]:
+        """Header-derived attributes, parsed once per blob, off the request thread."""
+        values = self._gguf_xattrs.get(node.inode)
+        if values is None:
+            values = await trio.to_thread.run_sync(_gguf_xattrs, node.path)
+            self._gguf_xattrs[node.inode] = values
+        return values
 
     # -- the filesystem ------------------------------------------------------------------
     async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:

@@ -9,6 +9,7 @@ file keep its bytes when its tag moves.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import logging
 import stat
@@ -146,7 +147,23 @@ class TreeBuilder:
 
     # -- public --------------------------------------------------------------------------
     def build(self, index: StoreIndex) -> NameTree:
+        # A build makes ~20 objects per model and keeps them all; the cyclic collector would
+        # walk them again and again while they are being made, for nothing.
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return self._build(index)
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+
+    def _build(self, index: StoreIndex) -> NameTree:
         self.index = index
+        # Every model is placed up to three times (short name, .by-name, .by-digest); what
+        # depends only on a manifest or a blob is computed once per build.
+        self._files: dict[Digest, list[ModelFile]] = {}
+        self._texts: dict[Digest, str | None] = {}
+        self._modelfiles: dict[tuple[Digest, str], bytes] = {}
         self.nodes: dict[int, Node] = {}
         self.blob_nodes: dict[Digest, BlobNode] = {}
         root_mtime = max((e.mtime_ns for e in index), default=0)
@@ -273,7 +290,9 @@ class TreeBuilder:
             "user.modelfs.manifest_digest": str(manifest.digest).encode(),
         }
         d = self._dir(path, entry.mtime_ns, xattrs)
-        files = model_files(manifest)
+        files = self._files.get(manifest.digest)
+        if files is None:
+            files = self._files[manifest.digest] = model_files(manifest)
         status: list[str] = []
         for f in files:
             node = self._file_node(path, f)
@@ -297,7 +316,7 @@ class TreeBuilder:
                 status.append(f"model.safetensors not shown: {merged}")
         d.children["Modelfile"] = self._bytes(
             (*path, "Modelfile"),
-            render_modelfile(entry.name.shortest, files, self._read_text, safetensors=safetensors),
+            self._modelfile(entry.name.shortest, manifest.digest, files, safetensors),
             entry.mtime_ns,
         )
         meta = self._mkdirs(d, (".ollama",), entry.mtime_ns)
@@ -317,7 +336,23 @@ class TreeBuilder:
         )
         return d
 
+    def _modelfile(
+        self, display: str, digest: Digest, files: list[ModelFile], safetensors: bool
+    ) -> bytes:
+        key = (digest, display)
+        text = self._modelfiles.get(key)
+        if text is None:
+            text = render_modelfile(display, files, self._read_text, safetensors=safetensors)
+            self._modelfiles[key] = text
+        return text
+
     def _read_text(self, f: ModelFile) -> str | None:
+        digest = f.layer.digest
+        if digest not in self._texts:
+            self._texts[digest] = self._read_text_uncached(f)
+        return self._texts[digest]
+
+    def _read_text_uncached(self, f: ModelFile) -> str | None:
         if self.index.blob_info(f.layer.digest) is None or f.layer.size > MAX_CONFIG_BYTES:
             return None
         try:

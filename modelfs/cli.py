@@ -19,6 +19,7 @@ from modelfs.human import go_text
 from store.errors import StoreError
 from store.layout import find_store_root
 from store.scan import DEFAULT_PREFER, StoreIndex, scan_store
+from sync.errors import SyncError
 
 log = logging.getLogger("modelfs")
 
@@ -144,6 +145,68 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_push(args: argparse.Namespace) -> int:
+    from sync.errors import SyncError
+    from sync.push import run_push
+
+    index = _open_index(args)
+    try:
+        run_push(index, args.names, args.to, json_lines=args.json, token_file=args.token_file)
+    except SyncError as exc:
+        raise UserError(str(exc)) from None
+    return 0
+
+
+def _duration(text: str) -> float:
+    """`90s`, `10m`, `1h`, `7d`, or plain seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    text = text.strip().lower()
+    try:
+        value = float(text[:-1]) * units[text[-1]] if text[-1:] in units else float(text)
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(f"expected a duration like 90s or 10m: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive duration: {text!r}")
+    return value
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from sync.progress import BarProgress, JsonProgress, LineProgress, Progress
+    from sync.pull import PullOptions, read_credentials, run_pull
+
+    root = args.store if args.store is not None else None
+    if root is not None and not root.exists():
+        root.mkdir(parents=True)  # a pull may start a store, as `ollama pull` does
+    root = find_store_root(root)
+    sources = [u.rstrip("/") for u in args.sources]
+    for url in sources:
+        if not url.startswith(("http://", "https://")) or "://" not in url[:8]:
+            raise UserError(f"--from {url!r}: expected http://HOST[:PORT] or https://HOST[:PORT]")
+    progress: Progress
+    if args.json:
+        progress = JsonProgress(sys.stdout)
+    elif sys.stderr.isatty() and not args.quiet:
+        progress = BarProgress(sys.stderr)
+    else:
+        progress = LineProgress(log)
+    options = PullOptions(
+        prefer=args.prefer, all_variants=args.all_variants, read_timeout=args.timeout
+    )
+    try:
+        run_pull(
+            root,
+            args.names,
+            sources,
+            options=options,
+            progress=progress,
+            authorization=read_credentials(args.token_file),
+        )
+    except (StoreError, SyncError) as exc:
+        progress.error(_one_line(str(exc)))
+        raise
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -227,6 +290,54 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_serve)
 
+    p = sub.add_parser("push", parents=[common], help="push models to an OCI registry")
+    p.add_argument("names", nargs="+", metavar="NAME")
+    p.add_argument("--to", required=True, metavar="URL", help="the registry, http(s)://HOST:PORT")
+    p.add_argument("--json", action="store_true", help="progress as NDJSON lines")
+    p.add_argument(
+        "--token-file",
+        metavar="F",
+        type=Path,
+        help="a bearer token, or user:password for a registry with basic (htpasswd) auth",
+    )
+    p.set_defaults(func=cmd_push)
+
+    p = sub.add_parser("pull", parents=[common], help="fetch models from peers, verified")
+    p.add_argument("names", nargs="+", metavar="NAME")
+    p.add_argument(
+        "--from",
+        dest="sources",
+        action="append",
+        required=True,
+        metavar="URL",
+        help="a peer (modelfs serve, or an OCI registry); several are tried in order",
+    )
+    p.add_argument(
+        "--all-variants", action="store_true", help="every child of a manifest list"
+    )
+    p.add_argument(
+        "--prefer",
+        type=_prefer,
+        default=DEFAULT_PREFER,
+        metavar="RUNNERS",
+        help="which child of a manifest list to fetch (default: llamacpp,ggml,mlx)",
+    )
+    p.add_argument("--json", action="store_true", help="progress as NDJSON (Ollama's /api/pull)")
+    p.add_argument(
+        "--token-file",
+        metavar="F",
+        type=Path,
+        help="a bearer token, or user:password for a registry with basic auth",
+    )
+    p.add_argument(
+        "--timeout",
+        type=_duration,
+        default=30.0,
+        metavar="DURATION",
+        help="give up on a peer that sends nothing for this long (default: 30s)",
+    )
+    p.set_defaults(func=cmd_pull)
+
     p = sub.add_parser("demo-store", parents=[common], help="write a demo store into DIR")
     p.add_argument("dir", metavar="DIR", type=Path)
     p.add_argument("--size", help="size of the main model blob, e.g. 1G (default: small)")
@@ -294,7 +405,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         # "Exception ignored" and exits 120.
         sys.stdout.flush()
         return status
-    except (StoreError, UserError) as exc:
+    except (StoreError, SyncError, UserError) as exc:
         print(f"modelfs: error: {_one_line(str(exc))}", file=sys.stderr)
         return 1
     except BrokenPipeError:

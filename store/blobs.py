@@ -69,6 +69,15 @@ class BlobStore:
             raise CorruptBlobError(f"digest mismatch for {digest}: got {actual}")
         return self._install(temp, digest)
 
+    def install(self, temp: Path, digest: Digest) -> Path:
+        """Rename a finished temp file, which the caller hashed and fsynced, to its blob name.
+
+        For writers that verified the bytes as they arrived (sync.pull): no second read. The
+        rename replaces whatever is there (a blob of the wrong size is never written in place).
+        `temp` must be on the store's filesystem (`.modelfs/tmp/`).
+        """
+        return self._install(temp, digest)
+
     def _install(self, temp: Path, digest: Digest) -> Path:
         os.chmod(temp, FILE_MODE)
         target = self.layout.blob(digest)

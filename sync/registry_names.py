@@ -55,8 +55,8 @@ class RegistryNameError(InvalidNameError):
     """A model name with no OCI repository name, or a repository that is no Ollama name."""
 
 
-def _component(part: str, what: str, name: Name) -> str:
-    lowered = part.lower()
+def _component(part: str, what: str, name: Name, mapped: str | None = None) -> str:
+    lowered = (mapped if mapped is not None else part).lower()
     if COMPONENT.fullmatch(lowered) is None:
         raise RegistryNameError(
             f"cannot push {name.shortest!r} to a registry: {what} {part!r} is not a valid OCI "
@@ -76,7 +76,7 @@ def repository_for(name: Name) -> str:
                 f"cannot push {name.shortest!r} to a registry: host {name.host!r} contains "
                 "'__', which stands for a port's ':' in a repository name"
             )
-        parts.append(_component(host.replace(":", _PORT_OCI), "host", name))
+        parts.append(_component(name.host, "host", name, host.replace(":", _PORT_OCI)))
     parts.append(_component(name.namespace, "namespace", name))
     parts.append(_component(name.model, "model", name))
     repo = "/".join(parts)

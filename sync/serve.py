@@ -10,12 +10,16 @@ the kernel chose.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import os
 import re
 import signal
+import socket
 import ssl
+import sys
+import threading
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
@@ -27,6 +31,8 @@ from hypercorn.trio import serve as hypercorn_serve
 log = logging.getLogger(__name__)
 
 GRACE = 5.0  # seconds a request in flight may take to finish after shutdown begins
+STALL_TIMEOUT_MS = 20_000
+HARD_STOP = GRACE + 3.0  # `modelfs serve` exits this long after a signal, whatever is left
 _LISTEN = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.%\w]+)\]|(?P<host>[^\[\]:]*)):(?P<port>[0-9]{1,5})")
 
 
@@ -55,22 +61,56 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
+def bind(listen: str) -> socket.socket:
+    """A listening-ready TCP socket bound to `listen`; ServeError when that fails.
+
+    We bind, not hypercorn, so a busy port or a bad address is one clear error here, and
+    the port the kernel chose for `:0` is known before the first request.
+    """
+    host, port = parse_listen(listen)
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ServeError(f"cannot listen on {listen}: {exc.strerror}") from None
+    family, type_, proto, _, address = infos[0]
+    sock = socket.socket(family, type_, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if hasattr(socket, "TCP_USER_TIMEOUT"):
+            # Accepted connections inherit it: a client that stops reading (zero window) or
+            # vanishes is dropped after this long, instead of pinning a send forever.
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, STALL_TIMEOUT_MS)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise ServeError(f"cannot listen on {listen}: {exc.strerror or exc}") from None
+    return sock
+
+
+def url_of(sock: socket.socket, *, tls: bool) -> str:
+    host, port = sock.getsockname()[:2]
+    if sock.family == socket.AF_INET6:
+        host = f"[{host}]"
+    return f"{'https' if tls else 'http'}://{host}:{port}"
+
+
 def make_config(
-    listen: str,
+    fd: int,
     *,
     tls_cert: str | os.PathLike[str] | None = None,
     tls_key: str | os.PathLike[str] | None = None,
 ) -> Config:
-    host, port = parse_listen(listen)
+    """Hypercorn's settings for serving on the bound socket `fd` (which it then owns)."""
     if (tls_cert is None) != (tls_key is None):
         raise ServeError("TLS needs both a certificate and a key")
     config = Config()
-    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    config.bind = [f"fd://{fd}"]
     if tls_cert is not None and tls_key is not None:
         config.certfile = os.fspath(tls_cert)
         config.keyfile = os.fspath(tls_key)
-        # HTTP/1.1 only: blobs are big single streams, where h2's flow control and framing
-        # cost throughput and buy nothing (measured: see the note in the commit).
+        # HTTP/1.1 only: a blob is one big stream, where h2's framing and flow control cost
+        # throughput and buy nothing.
         config.alpn_protocols = ["http/1.1"]
     config.graceful_timeout = GRACE
     config.include_server_header = False
@@ -81,9 +121,6 @@ def make_config(
     if not log.isEnabledFor(logging.DEBUG):
         errorlog.setLevel(logging.WARNING)
     config.errorlog = errorlog
-    # A request line and headers fit in far less; a client sending more is not a registry
-    # client.
-    config.h11_max_incomplete_size = 16 * 1024
     return config
 
 
@@ -113,26 +150,30 @@ async def serve(
     Cancellation starts a graceful shutdown: the listener closes at once, requests in flight
     get `GRACE` seconds to finish, then whatever is left is cut.
     """
-    config = make_config(listen, tls_cert=tls_cert, tls_key=tls_key)
+    tls = tls_cert is not None or tls_key is not None
     if tls_cert is not None and tls_key is not None:
         check_tls(tls_cert, tls_key)
+    sock = bind(listen)
+    url = url_of(sock, tls=tls)
+    try:
+        config = make_config(sock.fileno(), tls_cert=tls_cert, tls_key=tls_key)
+    except BaseException:
+        sock.close()
+        raise
+    sock.detach()  # hypercorn wraps the fd in its own socket object and closes it
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
         # The server runs shielded, so that our cancellation reaches it as the shutdown
         # trigger (graceful) rather than as Cancelled in every connection (abrupt).
         shield = trio.CancelScope(shield=True)
 
-        async def run(task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+        async def run(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
             with shield:
                 await hypercorn_serve(
                     app, config, shutdown_trigger=stop.wait, task_status=task_status
                 )
 
-        try:
-            binds: list[str] = await nursery.start(run)
-        except OSError as exc:
-            raise ServeError(f"cannot listen on {listen}: {exc.strerror or exc}") from None
-        url = binds[0]
+        await nursery.start(run)
         log.info("listening on %s", url)
         task_status.started(url)
         try:
@@ -218,6 +259,27 @@ def run_server(
                 async for signum in signals:
                     log.info("%s: stopping", signal.Signals(signum).name)
                     break
+            # A send blocked on a client that stopped reading cannot be cancelled (hypercorn
+            # shields it) and may last until the stall timeout; the process does not wait.
+            hard_stop.start()
             nursery.cancel_scope.cancel()
 
-    trio.run(main)
+    def exit_now() -> None:
+        log.warning("requests still in flight %.0f s after the signal: exiting", HARD_STOP)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(0)
+
+    hard_stop = threading.Timer(HARD_STOP, exit_now)
+    hard_stop.daemon = True
+    try:
+        trio.run(main)
+    except BaseExceptionGroup as group:
+        # A ServeError from start-up arrives wrapped by the nurseries it passed through.
+        sole: BaseException = group
+        while isinstance(sole, BaseExceptionGroup) and len(sole.exceptions) == 1:
+            sole = sole.exceptions[0]
+        if isinstance(sole, ServeError):
+            raise sole from None
+        raise

@@ -421,6 +421,7 @@ class RegistryApp:
         zstd: bool = True,
     ) -> None:
         self.layout = layout
+        self._root = os.path.abspath(layout.root)
         # Only a hash of the token is kept; comparing hashes takes the same time whatever
         # the length or prefix of what a client sends.
         self._token_hash = _token_hash(token) if token else None
@@ -790,7 +791,7 @@ class RegistryApp:
         return {
             "version": VERSION,
             "host_id": self.host_id,
-            "store": os.path.abspath(self.layout.root),
+            "store": self._root,
             "models": len(view.index),
             "blobs": len(view.index.blob_names),
             "problems": len(view.index.problems),

@@ -407,10 +407,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     server = peer.bind()
     print(f"listening on {peer.url}", flush=True)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         server.serve_forever()
-    except KeyboardInterrupt:
-        pass
     return 0
 
 

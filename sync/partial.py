@@ -1,0 +1,347 @@
+"""A blob being fetched: its temp file, the sidecar of finished byte ranges, and its lock.
+
+For one digest, three files live in `<store>/.modelfs/tmp/` (never in `blobs/`, where Ollama's
+prune and readers look), all named from the digest so a later run finds them:
+
+    pull-sha256-<hex>.partial   the blob's bytes, preallocated to full size, written with pwrite
+    pull-sha256-<hex>.json      {"digest", "size", "done": [[start, end], ...]}: byte ranges
+                                 known to be in the .partial file (fdatasync'd before listing)
+    pull-sha256-<hex>.lock      {"host", "pid", "started"}: who is fetching it now (O_EXCL;
+                                 its mtime is a heartbeat); stale when that pid is gone (same
+                                 host) or the heartbeat is older than LOCK_STALE seconds
+
+A run that is killed (kill -9 included) leaves the .partial and .json behind; the next run
+takes over the stale lock and fetches only what the sidecar does not list. The sidecar claims
+only bytes that were fdatasync'd before it was written, so a power cut cannot make it claim
+bytes the file lost. It is a hint, not a proof: the whole blob is hashed again from byte 0
+before it is renamed into `blobs/`.
+
+Nothing here imports trio or httpx; the executor in sync.pull drives it from threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from store.digest import Digest
+from store.layout import Layout
+
+log = logging.getLogger(__name__)
+
+SIDECAR_VERSION = 1
+LOCK_STALE = 120.0  # seconds without a heartbeat after which another host may take over
+HOST = socket.gethostname()
+
+
+class BlobBusyError(Exception):
+    """Another live process is fetching this blob into the same store."""
+
+    def __init__(self, owner: str) -> None:
+        super().__init__(owner)
+        self.owner = owner
+
+
+# -- byte ranges ------------------------------------------------------------------------------
+class RangeSet:
+    """Disjoint, sorted, merged half-open byte ranges. Not thread-safe; callers lock."""
+
+    def __init__(self, ranges: list[tuple[int, int]] | None = None) -> None:
+        self._r: list[list[int]] = []
+        for start, end in ranges or ():
+            self.add(start, end)
+
+    def add(self, start: int, end: int) -> None:
+        if end <= start:
+            return
+        out: list[list[int]] = []
+        placed = False
+        for a, b in self._r:
+            if b < start:
+                out.append([a, b])
+            elif end < a:
+                if not placed:
+                    out.append([start, end])
+                    placed = True
+                out.append([a, b])
+            else:
+                start, end = min(a, start), max(b, end)
+        if not placed:
+            out.append([start, end])
+        self._r = out
+
+    def prefix(self) -> int:
+        """How many bytes from offset 0 are covered without a gap."""
+        if self._r and self._r[0][0] == 0:
+            return self._r[0][1]
+        return 0
+
+    def total(self) -> int:
+        return sum(b - a for a, b in self._r)
+
+    def missing(self, size: int) -> list[tuple[int, int]]:
+        """The gaps in [0, size)."""
+        gaps, pos = [], 0
+        for a, b in self._r:
+            if a > pos:
+                gaps.append((pos, min(a, size)))
+            pos = max(pos, b)
+        if pos < size:
+            gaps.append((pos, size))
+        return [(a, b) for a, b in gaps if b > a]
+
+    def as_list(self) -> list[list[int]]:
+        return [list(r) for r in self._r]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RangeSet) and self._r == other._r
+
+    def __repr__(self) -> str:
+        return f"RangeSet({self._r})"
+
+
+def split(ranges: list[tuple[int, int]], chunk: int) -> list[tuple[int, int]]:
+    """Cut ranges into pieces of at most `chunk` bytes, in order."""
+    out = []
+    for a, b in ranges:
+        while a < b:
+            out.append((a, min(b, a + chunk)))
+            a += chunk
+    return out
+
+
+# -- writeback hint ---------------------------------------------------------------------------
+_SYNC_FILE_RANGE_WRITE = 2
+try:
+    _libc = ctypes.CDLL(None, use_errno=True)
+    _sync_file_range = _libc.sync_file_range
+    _sync_file_range.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    _sync_file_range.restype = ctypes.c_int
+except (OSError, AttributeError):  # not Linux
+    _sync_file_range = None
+
+
+def start_writeback(fd: int) -> None:
+    """Ask the kernel to start writing the file's dirty pages now, without waiting for them.
+
+    Without it a 1 GiB blob sits dirty in the page cache until the final fsync, which then
+    takes as long again as the transfer did.
+    """
+    if _sync_file_range is not None:
+        _sync_file_range(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)
+
+
+# -- the partial blob -------------------------------------------------------------------------
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class PartialBlob:
+    """The temp file, sidecar and lock of one blob being fetched. Use `open()`."""
+
+    def __init__(self, layout: Layout, digest: Digest, size: int) -> None:
+        self.layout = layout
+        self.digest = digest
+        self.size = size
+        stem = f"pull-{digest.blob_name}"
+        self.path = layout.tmp / f"{stem}.partial"
+        self.sidecar = layout.tmp / f"{stem}.json"
+        self.lock_path = layout.tmp / f"{stem}.lock"
+        self.fd = -1
+        self.done = RangeSet()
+        self.resumed = 0  # bytes found finished at open
+        self._saved = RangeSet()
+        self._io = threading.Lock()  # sidecar writes
+
+    # -- the lock -----------------------------------------------------------------------------
+    def _lock(self) -> None:
+        body = json.dumps({"host": HOST, "pid": os.getpid(), "started": time.time()}).encode()
+        for _ in range(3):
+            try:
+                fd = os.open(self.lock_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                owner = self._stale_owner()
+                if owner is not None:
+                    raise BlobBusyError(owner) from None
+                # Move the stale lock aside under a name of our own, so two takers cannot both
+                # delete it and each think they hold the new one.
+                aside = self.lock_path.with_name(f"{self.lock_path.name}.stale-{os.getpid()}")
+                with contextlib.suppress(FileNotFoundError):
+                    os.rename(self.lock_path, aside)
+                    os.unlink(aside)
+                continue
+            try:
+                os.write(fd, body)
+            finally:
+                os.close(fd)
+            return
+        raise BlobBusyError("another process (lock keeps changing hands)")
+
+    def _stale_owner(self) -> str | None:
+        """None when the existing lock is stale; else a description of its live owner."""
+        try:
+            st = os.stat(self.lock_path)
+            info = json.loads(self.lock_path.read_bytes() or b"{}")
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            info = {}
+            st = None
+        host, pid = info.get("host"), info.get("pid")
+        if host == HOST and isinstance(pid, int):
+            if pid != os.getpid() and _pid_alive(pid):
+                return f"pid {pid}"
+            return None
+        if st is not None and time.time() - st.st_mtime < LOCK_STALE:
+            return f"pid {pid} on {host}" if host else "another process"
+        return None
+
+    def heartbeat(self) -> None:
+        with contextlib.suppress(OSError):
+            os.utime(self.lock_path)
+
+    # -- open / resume --------------------------------------------------------------------------
+    @classmethod
+    def open(cls, layout: Layout, digest: Digest, size: int) -> PartialBlob:
+        """Lock the blob and open (or resume) its temp file; BlobBusyError if someone else
+        is fetching it, OSError (ENOSPC, …) if the space cannot be reserved."""
+        layout.tmp.mkdir(parents=True, exist_ok=True)
+        p = cls(layout, digest, size)
+        p._lock()
+        try:
+            p._open_file()
+        except BaseException:
+            p.release()
+            raise
+        return p
+
+    def _load_sidecar(self) -> RangeSet | None:
+        try:
+            obj = json.loads(self.sidecar.read_bytes())
+            if (
+                obj.get("version") != SIDECAR_VERSION
+                or obj.get("digest") != str(self.digest)
+                or obj.get("size") != self.size
+            ):
+                return None
+            ranges = RangeSet()
+            for a, b in obj.get("done", []):
+                if not (isinstance(a, int) and isinstance(b, int) and 0 <= a < b <= self.size):
+                    return None
+                ranges.add(a, b)
+            return ranges
+        except (OSError, ValueError, TypeError, AttributeError):
+            return None
+
+    def _open_file(self) -> None:
+        done = self._load_sidecar()
+        if done is not None:
+            try:
+                fd = os.open(self.path, os.O_RDWR)
+            except FileNotFoundError:
+                done = None
+            else:
+                if os.fstat(fd).st_size == self.size:
+                    self.fd, self.done, self._saved = fd, done, RangeSet(done.as_list())
+                    self.resumed = done.total()
+                    log.debug(
+                        "resuming %s: %d of %d bytes on disk", self.digest, self.resumed, self.size
+                    )
+                    return
+                os.close(fd)
+        # Fresh: a new file, with the space reserved now, so a full disk fails before any
+        # byte is fetched rather than in the middle.
+        with contextlib.suppress(FileNotFoundError):
+            self.sidecar.unlink()
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            if self.size:
+                try:
+                    os.posix_fallocate(fd, 0, self.size)
+                except OSError as exc:
+                    if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                        raise
+                    os.ftruncate(fd, self.size)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+            raise
+        self.fd = fd
+        self.done, self._saved, self.resumed = RangeSet(), RangeSet(), 0
+
+    # -- progress on disk -----------------------------------------------------------------------
+    def checkpoint(self, done: RangeSet) -> None:
+        """Make `done` (a snapshot taken after those bytes were written) durable: fdatasync
+        the data, then replace the sidecar. Called from a thread, never concurrently."""
+        with self._io:
+            if done == self._saved:
+                self.heartbeat()
+                return
+            os.fdatasync(self.fd)
+            body = json.dumps(
+                {
+                    "version": SIDECAR_VERSION,
+                    "digest": str(self.digest),
+                    "size": self.size,
+                    "done": done.as_list(),
+                }
+            ).encode()
+            tmp = self.sidecar.with_name(self.sidecar.name + f".{os.getpid()}")
+            with open(tmp, "wb") as f:
+                f.write(body)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.sidecar)
+            self._saved = RangeSet(done.as_list())
+            self.heartbeat()
+
+    def chunks(self, start: int, end: int, buf: bytearray) -> Iterator[memoryview]:
+        """Read [start, end) of the file back, in pieces of len(buf), into `buf`."""
+        view = memoryview(buf)
+        pos = start
+        while pos < end:
+            n = os.preadv(self.fd, [view[: min(len(buf), end - pos)]], pos)
+            if n <= 0:
+                raise OSError(errno.EIO, f"short read from {self.path} at {pos}")
+            yield view[:n]
+            pos += n
+
+    def discard(self) -> None:
+        """Forget the bytes: the next open starts from zero (the lock is kept)."""
+        for path in (self.sidecar, self.path):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        self.done, self._saved, self.resumed = RangeSet(), RangeSet(), 0
+
+    def detach(self) -> Path:
+        """The temp file, ready to be renamed into blobs/; the sidecar is removed first so a
+        crash after the rename leaves nothing that claims a partial exists."""
+        with contextlib.suppress(FileNotFoundError):
+            self.sidecar.unlink()
+        return self.path
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def release(self) -> None:
+        self.close()
+        with contextlib.suppress(FileNotFoundError):
+            self.lock_path.unlink()
