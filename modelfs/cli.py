@@ -174,7 +174,9 @@ def cmd_pull(args: argparse.Namespace) -> int:
     from sync.progress import BarProgress, JsonProgress, LineProgress, Progress
     from sync.pull import PullOptions, read_credentials, run_pull
 
-    root = args.store if args.store is not None else None
+    if not args.verbose:
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
+    root = args.store
     if root is not None and not root.exists():
         root.mkdir(parents=True)  # a pull may start a store, as `ollama pull` does
     root = find_store_root(root)
@@ -312,9 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="URL",
         help="a peer (modelfs serve, or an OCI registry); several are tried in order",
     )
-    p.add_argument(
-        "--all-variants", action="store_true", help="every child of a manifest list"
-    )
+    p.add_argument("--all-variants", action="store_true", help="every child of a manifest list")
     p.add_argument(
         "--prefer",
         type=_prefer,

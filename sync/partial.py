@@ -323,18 +323,17 @@ class PartialBlob:
             pos += n
 
     def discard(self) -> None:
-        """Forget the bytes: the next open starts from zero (the lock is kept)."""
+        """Delete the file and sidecar: the next open starts from zero (the lock is kept)."""
         for path in (self.sidecar, self.path):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
         self.done, self._saved, self.resumed = RangeSet(), RangeSet(), 0
 
-    def detach(self) -> Path:
-        """The temp file, ready to be renamed into blobs/; the sidecar is removed first so a
-        crash after the rename leaves nothing that claims a partial exists."""
-        with contextlib.suppress(FileNotFoundError):
-            self.sidecar.unlink()
-        return self.path
+    def restart(self) -> None:
+        """Throw the bytes away and start again with a new, empty file (lock kept)."""
+        self.close()
+        self.discard()
+        self._open_file()
 
     def close(self) -> None:
         if self.fd >= 0:

@@ -103,6 +103,7 @@ from sync.errors import (
     SyncError,
 )
 from sync.http import READ_TIMEOUT, make_client, mapped_errors, raise_for_status
+from sync.ocirepr import decode_list, parse_carrier
 from sync.partial import BlobBusyError, PartialBlob, RangeSet, split, start_writeback
 
 log = logging.getLogger(__name__)
@@ -378,6 +379,8 @@ class Puller:
             try:
                 fetched = await peer.manifest(name, ref, expect=expect)
                 try:
+                    if expect is None:
+                        fetched = await self._uncarry(peer, name, fetched)
                     parsed = parse_manifest(fetched.raw, f"{peer.url}: manifest {ref}")
                 except StoreError as exc:
                     raise PeerLiedError(str(exc)) from None
@@ -387,6 +390,18 @@ class Puller:
                 sources.failed(peer, exc)
         what = f"manifest {name.shortest}" if expect is None else f"manifest {ref}"
         raise _one_error(sources.errors, what)
+
+    async def _uncarry(
+        self, peer: PeerClient, name: Name, fetched: FetchedManifest
+    ) -> FetchedManifest:
+        """A manifest list that `modelfs push` stored in a registry as a carrier manifest
+        (sync.ocirepr): the list's own bytes, from the carrier's config blob, verified."""
+        carrier = parse_carrier(fetched.raw, fetched.media_type)
+        if carrier is None:
+            return fetched
+        ref = carrier.list_ref
+        the_list = decode_list(carrier, await peer.blob(name, ref.digest, ref.size))
+        return FetchedManifest(the_list.raw, MEDIA_LIST, the_list.digest, peer.url)
 
     def _order(self, first: str) -> list[PeerClient]:
         return sorted(self.peers, key=lambda p: p.url != first)
@@ -716,13 +731,15 @@ class Puller:
                 self._avoid(sources, peer, exc, result, digest)
             raise _one_error(sources.errors, f"blob {digest}")
         finally:
+            if partial.done.total() == 0:
+                # Not a byte worth resuming from (refused, 401, a digest mismatch): no file.
+                partial.close()
+                partial.discard()
             partial.release()
 
     def _restart(self, partial: PartialBlob) -> None:
-        partial.close()
-        partial.discard()
         try:
-            partial._open_file()
+            partial.restart()
         except OSError as exc:
             raise _local_error(exc, self.layout, f"blob {partial.digest}") from None
 

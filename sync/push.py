@@ -390,15 +390,16 @@ class Pusher:
                 raise _failure(response, doing)
             location = self._location(response, doing)
 
+        session = [location]  # the upload's URL, as the registry moves it along
         try:
             if blob.data is not None or blob.size <= self.small:
                 response = await self._put_whole(blob, location)
             else:
-                response = await self._put_parts(blob, location)
+                response = await self._put_parts(blob, session)
         except BaseException:
             with trio.CancelScope(shield=True), contextlib.suppress(SyncError):
                 # Cancel the upload session, so no half upload is left behind.
-                await self._request("DELETE", location, f"cancelling the upload of {d}")
+                await self._request("DELETE", session[-1], f"cancelling the upload of {d}")
             raise
         got = _digest_header(response)
         if got is not None and got != d:
@@ -446,8 +447,10 @@ class Pusher:
             raise _failure(response, doing)
         return response
 
-    async def _put_parts(self, blob: BlobSource, location: httpx.URL) -> httpx.Response:
+    async def _put_parts(self, blob: BlobSource, session: list[httpx.URL]) -> httpx.Response:
+        """PATCH the blob in parts, then PUT ?digest=; `session[-1]` is the current URL."""
         d = blob.digest
+        location = session[-1]
         assert blob.path is not None
         h = hashlib.sha256()
         doing = f"uploading blob {d}"
@@ -488,6 +491,7 @@ class Pusher:
                         f"after we sent 0-{offset + n - 1}"
                     )
                 location = self._location(response, doing)
+                session.append(location)
                 offset += n
             extra = await trio.to_thread.run_sync(f.read, 1)
         finally:

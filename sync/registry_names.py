@@ -28,8 +28,7 @@ separators side by side or at the end, `:` in a host), so some names need a rule
 Why refuse instead of escaping: every string that is a valid OCI component is also a valid
 Ollama model or tag part, so no escape can leave ordinary names readable *and* be reversible
 (an escaped `_x` would have to land on some valid component `y`, which is also the name of
-the model `y`). Names needing it are rare (none in Ollama's library or on Hugging Face's GGUF
-naming), and `ollama cp` gives such a model a pushable name.
+the model `y`). Such names are unusual, and `ollama cp` gives a model a pushable name.
 
 Round trip, property-tested: for every name that maps, `name_for(repository_for(n), n.tag)`
 has the same `key` as `n` (equal for a lowercase name); for every 2- or 3-component

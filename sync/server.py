@@ -19,12 +19,28 @@ turned into a path (`blobs/sha256-<64 hex>`), so no URL can reach a file outside
 The app serves from a `StoreIndex` snapshot that it rebuilds in a worker thread when
 `store_signature` changes, looked at no more than once per `refresh_interval` and only when a
 request comes in: a pull, `ollama rm` or re-tag shows within about a second, without restart.
+
+Choices a client can see:
+- A tag naming a manifest list is answered with the list only when `Accept` names the list
+  type; otherwise with the preferred present child (by `prefer`), as Ollama's registry gives
+  old clients something runnable. By digest, any manifest the store holds is served as is.
+- Blobs are content-addressed, so any valid `<repo>` reaches any blob that is present: a
+  regular file (never a symlink) under its canonical name, not quarantined, and exactly as
+  long as the manifests that name it say. Scoping blobs by repository would protect nothing
+  the single access rule does not already protect.
+- One `Range` (`a-b`, `a-`, `-n`) gets a 206; an unsatisfiable or malformed `bytes=` range a
+  416; several ranges or another unit are ignored (the whole blob, 200), as RFC 9110 allows.
+- `Accept-Encoding: zstd` compresses text-like layers (template, license, params, json, …,
+  configs and manifests) on a whole GET only; never weights, ranges or HEAD answers, whose
+  Content-Length a client takes as the blob's size.
+- Read-only: any other method is a 405 `UNSUPPORTED`.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import bisect
 import hashlib
 import hmac
 import ipaddress
@@ -38,6 +54,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 from urllib.parse import parse_qsl, unquote_to_bytes, urlencode
 
@@ -81,6 +98,7 @@ VERSION = "0.1"
 # One read and one ASGI message per chunk: big enough that per-message costs vanish against
 # the copy, small enough that a page-cache miss does not stall the send for long.
 CHUNK = 4 << 20
+SMALL_BLOB = 256 << 10  # read whole while opening: one thread hop for a small layer
 MAX_PATH = 2048  # bytes of raw path; the longest valid manifest URL is ~630
 MAX_TOKEN = 4096
 MAX_PAGE = 10_000
@@ -100,6 +118,9 @@ METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 READ_ONLY_METHODS = ("GET", "HEAD")
 KNOWN_METHODS = frozenset({"GET", "HEAD", "PUT", "POST", "PATCH", "DELETE", "OPTIONS"})
 _DIGITS = re.compile(r"[0-9]{1,19}")
+_MEDIA_TYPE = re.compile(
+    r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}"
+)
 
 
 # -- errors ----------------------------------------------------------------------------------
@@ -144,7 +165,6 @@ def error_status(exc: BaseException) -> HTTPError:
 @dataclass(slots=True)
 class Request:
     method: str
-    segments: list[str]
     raw_path: bytes
     query: dict[str, str]
     headers: dict[str, str]
@@ -174,7 +194,6 @@ class Request:
         client = scope.get("client")
         return cls(
             method=scope.get("method", "GET").upper(),
-            segments=[],
             raw_path=raw_path,
             query=query,
             headers=headers,
@@ -219,12 +238,9 @@ def _etag_matches(header: str | None, etag: str) -> bool:
     return "*" in candidates or etag in candidates
 
 
-def accepts(header: str | None, media_type: str) -> bool:
-    """True when an Accept header names `media_type` explicitly with a non-zero q."""
-    return _listed(header, media_type)
-
-
-def _listed(header: str | None, token: str) -> bool:
+def accepts(header: str | None, token: str) -> bool:
+    """True when an Accept or Accept-Encoding header names `token` explicitly (no wildcard)
+    with a non-zero q."""
     if not header:
         return False
     for item in header.split(","):
@@ -256,12 +272,15 @@ def parse_range(header: str, size: int) -> tuple[int, int] | None:
     spec = spec.strip()
     if "," in spec:
         return None
-    unsatisfiable = HTTPError(
-        416,
-        "RANGE_INVALID",
-        f"range {spec[:40]!r} not satisfiable for {size} bytes",
-        [("Content-Range", f"bytes */{size}")],
-    )
+
+    def refuse(why: str) -> HTTPError:
+        return HTTPError(
+            416,
+            "RANGE_INVALID",
+            f"range {spec[:40]!r} {why}",
+            [("Content-Range", f"bytes */{size}")],
+        )
+
     first_text, dash, last_text = (p.strip() for p in spec.partition("-"))
     if (
         not dash
@@ -269,28 +288,18 @@ def parse_range(header: str, size: int) -> tuple[int, int] | None:
         or (first_text and not _DIGITS.fullmatch(first_text))
         or (last_text and not _DIGITS.fullmatch(last_text))
     ):
-        raise HTTPError(
-            416,
-            "RANGE_INVALID",
-            f"malformed range {spec[:40]!r}",
-            [("Content-Range", f"bytes */{size}")],
-        )
+        raise refuse("is malformed")
     if not first_text:
         suffix = int(last_text)
         if suffix == 0 or size == 0:
-            raise unsatisfiable
+            raise refuse(f"is not satisfiable for {size} bytes")
         return max(0, size - suffix), size - 1
     first = int(first_text)
     last = int(last_text) if last_text else size - 1
     if last < first:
-        raise HTTPError(
-            416,
-            "RANGE_INVALID",
-            f"malformed range {spec[:40]!r}",
-            [("Content-Range", f"bytes */{size}")],
-        )
+        raise refuse("is malformed")
     if first >= size:
-        raise unsatisfiable
+        raise refuse(f"is not satisfiable for {size} bytes")
     return first, min(last, size - 1)
 
 
@@ -303,11 +312,7 @@ def _page(items: Sequence[str], query: Mapping[str, str]) -> tuple[list[str], bo
             raise HTTPError(400, "PAGINATION_NUMBER_INVALID", f"invalid n {n_text[:20]!r}")
         limit = min(int(n_text), MAX_PAGE)
     last = query.get("last")
-    start = 0
-    if last:
-        key = _sort_key(last)
-        while start < len(items) and _sort_key(items[start]) <= key:
-            start += 1
+    start = bisect.bisect_right(items, _sort_key(last), key=_sort_key) if last else 0
     chunk = list(items[start : start + limit])
     more = start + limit < len(items)
     return chunk, more and bool(chunk)
@@ -339,12 +344,11 @@ class View:
     def build(cls, layout: Layout) -> View:
         view = cls(scan_store(layout))
         for entry in view.index:
+            # A plain manifest is its own one variant; a list adds its present children.
             view.manifests[entry.top.digest] = entry.top
             view.compressible.add(entry.top.digest)
             for variant in entry.variants:
                 view._add_manifest(variant.manifest)
-            if isinstance(entry.top, Manifest):
-                view._add_manifest(entry.top)
             key = entry.name.key[:3]
             repo = view.repos.setdefault(key, Repo(entry.name.repository, []))
             repo.tags.append(entry.name.tag)
@@ -387,6 +391,7 @@ class Stats:
 class OpenBlob:
     fd: int
     size: int
+    data: bytes | None = None  # the whole blob, when small: read in the same thread hop
 
 
 def _is_loopback(host: str | None) -> bool:
@@ -561,7 +566,6 @@ class RegistryApp:
                 [("Allow", "GET, HEAD")],
             )
         segments = split_path(request.raw_path)
-        request.segments = segments
         if segments[:1] == ["v2"]:
             await self._v2(request, segments[1:], receive, send)
         elif segments == ["modelfs", "v1", "status"]:
@@ -617,7 +621,7 @@ class RegistryApp:
     ) -> None:
         view = await self.view()
         vary = False
-        if ":" in reference or reference.startswith("sha256-"):
+        if ":" in reference:  # a tag never holds ':'; `sha256-…` is a valid tag name
             digest = Digest.parse(reference)
             manifest = view.manifests.get(digest)
             if manifest is None:
@@ -628,8 +632,12 @@ class RegistryApp:
             vary = True
         digest = manifest.digest
         etag = _etag(digest)
+        media_type = manifest.media_type
+        if _MEDIA_TYPE.fullmatch(media_type) is None:
+            # Store bytes never reach a header unchecked (a CR/LF here would split it).
+            media_type = JSON
         headers = [
-            ("Content-Type", manifest.media_type),
+            ("Content-Type", media_type),
             (DIGEST_HEADER, str(digest)),
             ("ETag", etag),
         ]
@@ -663,7 +671,7 @@ class RegistryApp:
             raise missing from None
 
     # -- blobs ---------------------------------------------------------------------------
-    def _open_blob(self, view: View, digest: Digest) -> OpenBlob:
+    def _open_blob(self, view: View, digest: Digest, *, read_small: bool) -> OpenBlob:
         """Open a blob that may be served: a regular file under its canonical name, not
         quarantined, and as long as every manifest that names it says."""
         path = self.layout.blob(digest)
@@ -687,14 +695,21 @@ class RegistryApp:
                     sorted(sizes),
                 )
                 raise CorruptBlobError(f"blob {digest} has the wrong size")
+            data = None
+            if read_small and st.st_size <= SMALL_BLOB:
+                data = os.pread(fd, st.st_size, 0)
+                if len(data) != st.st_size:
+                    raise CorruptBlobError(f"blob {digest} changed size while read")
         except BaseException:
             os.close(fd)
             raise
-        return OpenBlob(fd, st.st_size)
+        return OpenBlob(fd, st.st_size, data)
 
     async def _blob(self, request: Request, digest: Digest, receive: Receive, send: Send) -> None:
         view = await self.view()
-        blob = await trio.to_thread.run_sync(self._open_blob, view, digest)
+        blob = await trio.to_thread.run_sync(
+            partial(self._open_blob, view, digest, read_small=request.method == "GET")
+        )
         try:
             await self._send_blob(request, view, digest, blob, receive, send)
         finally:
@@ -710,42 +725,44 @@ class RegistryApp:
         send: Send,
     ) -> None:
         size = blob.size
-        etag = _etag(digest)
+        etag, zstd_etag = _etag(digest), _etag(digest, "+zstd")
+        compressible = self.zstd and digest in view.compressible and ZSTD_MIN <= size <= ZSTD_MAX
         headers = [
             ("Content-Type", OCTETS),
             (DIGEST_HEADER, str(digest)),
-            ("ETag", etag),
             ("Accept-Ranges", "bytes"),
         ]
-        if _etag_matches(request.headers.get("if-none-match"), etag):
-            await self._respond(request, send, 304, headers, b"", length=False)
-            return
+        if compressible:
+            headers.append(("Vary", "Accept-Encoding"))
+        if_none_match = request.headers.get("if-none-match")
+        for tag in (etag, zstd_etag):
+            if _etag_matches(if_none_match, tag):
+                await self._respond(
+                    request, send, 304, [*headers, ("ETag", tag)], b"", length=False
+                )
+                return
         range_header = request.headers.get("range")
         if_range = request.headers.get("if-range")
         if range_header is not None and if_range is not None and if_range.strip() != etag:
             range_header = None  # If-Range names another representation: send it whole
         span = parse_range(range_header, size) if range_header is not None else None
 
+        # zstd only for a whole GET (a HEAD reports the identity length, which is what a
+        # client probing a blob's size wants) and only for layers that are text.
         if (
-            span is None
+            compressible
             and range_header is None
             and request.method == "GET"
-            and self.zstd
-            and digest in view.compressible
-            and ZSTD_MIN <= size <= ZSTD_MAX
-            and _listed(request.headers.get("accept-encoding"), "zstd")
+            and accepts(request.headers.get("accept-encoding"), "zstd")
         ):
             packed = await self._zstd(blob, digest)
             if packed is not None:
-                headers += [
-                    ("Content-Encoding", "zstd"),
-                    ("Vary", "Accept-Encoding"),
-                ]
-                headers[2] = ("ETag", _etag(digest, "+zstd"))
+                headers += [("ETag", zstd_etag), ("Content-Encoding", "zstd")]
                 self.stats.blobs_served += 1
                 await self._respond(request, send, 200, headers, packed)
                 return
 
+        headers.append(("ETag", etag))
         if span is None:
             status, first, length = 200, 0, size
         else:
@@ -755,6 +772,10 @@ class RegistryApp:
         await send({"type": "http.response.start", "status": status, "headers": _encode(headers)})
         if request.method == "HEAD" or length == 0:
             await send({"type": "http.response.body", "body": b""})
+            return
+        if blob.data is not None:
+            await send({"type": "http.response.body", "body": blob.data[first : first + length]})
+            self.stats.blobs_served += 1
             return
         async with trio.open_nursery() as nursery:
             # A client that hangs up must not leave us reading the rest of a 40 GB blob.
@@ -770,7 +791,7 @@ class RegistryApp:
             return self._zstd_cache[digest]
 
         def compress() -> bytes | None:
-            raw = os.pread(blob.fd, blob.size, 0)
+            raw = blob.data if blob.data is not None else os.pread(blob.fd, blob.size, 0)
             if len(raw) != blob.size:
                 raise CorruptBlobError(f"blob {digest} changed size while read")
             packed = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(raw)

@@ -23,6 +23,7 @@ A fault SPEC is `KIND[=ARG][@TARGET][#TIMES]`:
     throttle=RATE   send at RATE bytes/s (`50M`, `200K`), in 64 KiB pieces
     chunked         a `Transfer-Encoding: chunked` body instead of Content-Length
     drop            close the connection without an answer
+    bad-digest      a wrong Docker-Content-Digest header (use with @manifest)
 
 TARGET is `blob` (default: every blob), `manifest` (every manifest request), or a hex prefix of
 one blob's digest; TIMES limits the fault to the first N matching requests. Every request is
@@ -85,6 +86,7 @@ class Fault:
             "throttle",
             "chunked",
             "drop",
+            "bad-digest",
         }
         if kind not in known:
             raise ValueError(f"unknown fault {kind!r}")
@@ -262,13 +264,13 @@ class _Handler(BaseHTTPRequestHandler):
             return
         try:
             if kind == "manifests":
-                self._manifest(m.group("repo"), m.group("ref"))
+                self._manifest(m.group("repo"), m.group("ref"), fault)
             else:
                 self._blob(digest, fault)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
 
-    def _manifest(self, repo: str, ref: str) -> None:
+    def _manifest(self, repo: str, ref: str, fault: Fault | None) -> None:
         layout = self.peer.layout
         accept = self.headers.get("Accept", "")
         if ref.startswith("sha256:"):
@@ -300,7 +302,9 @@ class _Handler(BaseHTTPRequestHandler):
             raw,
             {
                 "Content-Type": media or MEDIA_MANIFEST,
-                "Docker-Content-Digest": str(Digest.of_bytes(raw)),
+                "Docker-Content-Digest": str(
+                    Digest.of_bytes(raw + (b"!" if fault and fault.kind == "bad-digest" else b""))
+                ),
             },
         )
 

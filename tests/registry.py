@@ -38,7 +38,8 @@ HTPASSWD_PASSWORD = "s3cret"
 HTPASSWD_LINE = f"{HTPASSWD_USER}:$2b$04$4j.DE/4B3QjXPFxOXkL7qucbRFThIQ9izkmBDD966RiHapXedolsy"
 
 _REQUEST = re.compile(
-    r'msg="response completed".*?http\.request\.method=(\S+).*?http\.request\.uri="([^"]*)"'
+    r'msg="response completed(?: with error)?"'
+    r'.*?http\.request\.method=(\S+).*?http\.request\.uri="([^"]*)"'
 )
 
 

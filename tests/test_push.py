@@ -9,6 +9,7 @@ import json
 import logging
 import math
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from sync.push import PushResult, plan_model, push_all
 from sync.registry_names import reference_for
 from tests.builders import TinyStore
 from tests.registry import (
+    DOCKER_REGISTRY,
     HTPASSWD_PASSWORD,
     HTPASSWD_USER,
     Registry,
@@ -190,8 +192,6 @@ def test_ollama_clients_get_a_clean_404_for_a_list(demo: DemoStore, registry: Re
 
 @pytest.mark.skipif(SKOPEO is None, reason="needs skopeo")
 def test_skopeo_reads_back_the_bytes_we_pushed(demo: DemoStore, registry: Registry) -> None:
-    import subprocess
-
     assert push_cli(demo.root, registry.url, LLAMA, SMOL, GEMMA) == 0
     for key in (LLAMA, SMOL):
         m = demo.manifest(key)
@@ -312,6 +312,33 @@ def test_json_progress(
     assert lines[0]["status"] == f"pushing {LLAMA}"
     uploaded = {x["digest"] for x in lines if x["status"] == "uploaded"}
     assert str(demo.manifest(LLAMA).layer("model.gguf").digest) in uploaded
+
+
+def test_registry_gc_keeps_a_pushed_list(demo: DemoStore, tmp_path: Path) -> None:
+    """`registry garbage-collect --delete-untagged` drops the children's manifest revisions
+    (they were pushed by digest, untagged), but the carrier names every child manifest and
+    every blob they use, so all of it stays, and distribution still serves the children by
+    digest from their blob links."""
+    work = tmp_path / "reg"
+    with running_registry(work) as reg:
+        assert push_cli(demo.root, reg.url, GEMMA) == 0
+    gc = subprocess.run(
+        [DOCKER_REGISTRY, "garbage-collect", "--delete-untagged", str(work / "config.yml")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "blobs marked" in gc.stdout
+    revisions = work / "storage/docker/registry/v2/repositories/library/gemma4/_manifests"
+    assert len(list((revisions / "revisions/sha256").iterdir())) == 1  # the carrier alone
+    with running_registry(work) as reg:
+        the_list = demo.lists[GEMMA]
+        assert_blob(reg, "library/gemma4", the_list.digest, len(the_list.raw))
+        for runner, _, digest in the_list.children:
+            child = demo.manifest(f"{GEMMA}@{runner}")
+            assert_manifest(reg, "library/gemma4", str(digest), child.raw, MEDIA_MANIFEST)
+            for layer in (child.config, *child.layers):
+                assert_blob(reg, "library/gemma4", layer.digest, layer.size)
 
 
 # -- lists whose children are not all here ------------------------------------------------------
@@ -473,7 +500,7 @@ def test_token_auth(demo: DemoStore, tmp_path: Path, capsys: pytest.CaptureFixtu
         assert r.content == demo.manifest(LLAMA).raw
 
 
-def lying_client(target: str, lie_about: str) -> httpx.AsyncClient:
+def lying_client(lie_about: str) -> httpx.AsyncClient:
     """A client whose transport forwards to the registry but rewrites Docker-Content-Digest on
     PUTs of `lie_about` ("manifests" or "blobs")."""
     inner = httpx.AsyncClient(timeout=10)
@@ -487,11 +514,9 @@ def lying_client(target: str, lie_about: str) -> httpx.AsyncClient:
             if k.lower() not in ("host", "content-length", "transfer-encoding")
         }
         r = await inner.request(request.method, request.url, headers=headers, content=body)
-        out = {
-            k: v
-            for k, v in r.headers.items()
-            if k.lower() not in ("content-length", "transfer-encoding", "content-encoding")
-        }
+        out = httpx.Headers(r.headers)
+        for name in ("content-length", "transfer-encoding", "content-encoding"):
+            out.pop(name, None)
         if request.method == "PUT" and f"/{lie_about}/" in request.url.path:
             out["Docker-Content-Digest"] = wrong
         return httpx.Response(r.status_code, headers=out, content=r.content)
@@ -504,7 +529,7 @@ async def test_registry_answering_another_digest(
     demo: DemoStore, registry: Registry, lie_about: str
 ) -> None:
     with pytest.raises(PeerLiedError) as info:
-        await push(demo.root, registry.url, [TINY], lying_client(registry.url, lie_about))
+        await push(demo.root, registry.url, [TINY], lying_client(lie_about))
     message = str(info.value)
     assert "\n" not in message
     assert "sha256:" + "0" * 64 in message
@@ -522,7 +547,7 @@ def test_registry_answering_another_digest_cli(
 ) -> None:
     import sync.push
 
-    monkeypatch.setattr(sync.push, "client_for", lambda _: lying_client(registry.url, "manifests"))
+    monkeypatch.setattr(sync.push, "client_for", lambda _: lying_client("manifests"))
     assert push_cli(demo.root, registry.url, TINY) == 1
     [line] = error_lines(capsys.readouterr().err)
     assert "answered Docker-Content-Digest sha256:000" in line

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from modelfs.demo import GEMMA, DemoStore, build_demo_store
+from store.layout import Layout
 
 MODELFS = str(Path(sys.executable).with_name("modelfs"))
 CURL = shutil.which("curl")
@@ -113,6 +114,9 @@ def test_curl_fetches_a_blob_byte_exact(demo: DemoStore, tmp_path: Path) -> None
         assert f"docker-content-digest: {layer.digest}" in headers
         assert f"content-length: {layer.size}" in headers
 
+        r = curl("-f", "-I", f"{url}/v2/library/gemma4/blobs/{layer.digest}")
+        assert r.returncode == 0, r.stderr
+        assert f"content-length: {layer.size}" in r.stdout.decode().lower()
         r = curl("-f", "-r", "100-199", f"{url}/v2/library/gemma4/blobs/{layer.digest}")
         assert r.stdout == demo.blob_path(layer.digest).read_bytes()[100:200]
         r = curl("-f", "-C", "1000", "-o", "-", f"{url}/v2/library/gemma4/blobs/{layer.digest}")
@@ -342,3 +346,47 @@ def test_sigterm_during_a_download(demo: DemoStore, tmp_path: Path) -> None:
         finally:
             slow.kill()
             slow.wait()
+
+
+def test_sigterm_with_a_client_that_stopped_reading(demo: DemoStore, tmp_path: Path) -> None:
+    """A client that never reads pins a send inside hypercorn; the process still exits 0."""
+    import socket
+
+    big = tmp_path / "big"
+    build_demo_store(big, weight_bytes=64 << 20)
+    layer = Layout(big)
+    from store.scan import scan_store
+
+    entry = scan_store(layer).lookup(GEMMA)
+    model = next(
+        x for v in entry.variants for x in v.manifest.layers if x.media_type.endswith(".model")
+    )
+    with served(big) as (url, proc):
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        stalled = socket.socket()
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.connect((host, int(port)))
+        stalled.sendall(
+            f"GET /v2/library/gemma4/blobs/{model.digest} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+        )
+        try:
+            time.sleep(1)
+            started = time.monotonic()
+            assert stop(proc, timeout=15) == 0
+            assert time.monotonic() - started < 10
+        finally:
+            stalled.close()
+
+
+def test_listener_drops_stalled_clients() -> None:
+    import socket
+
+    from sync.serve import STALL_TIMEOUT_MS, bind
+
+    sock = bind("127.0.0.1:0")
+    try:
+        if hasattr(socket, "TCP_USER_TIMEOUT"):
+            value = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT)
+            assert value == STALL_TIMEOUT_MS
+    finally:
+        sock.close()

@@ -287,8 +287,8 @@ async def test_manifest_by_digest(demo: DemoStore) -> None:
         r = await c.get(f"/v2/library/gemma4/manifests/{listed.digest}", headers=OLD_ACCEPT)
         assert r.content == listed.raw
         assert r.headers["content-type"] == MEDIA_LIST
-        # The other spelling of a digest, and uppercase hex, name the same bytes.
-        r = await c.get(f"/v2/library/gemma4/manifests/sha256-{listed.digest.hex.upper()}")
+        # Uppercase hex names the same bytes.
+        r = await c.get(f"/v2/library/gemma4/manifests/sha256:{listed.digest.hex.upper()}")
         assert r.content == listed.raw
 
         unknown = Digest("0" * 64)
@@ -331,6 +331,25 @@ async def test_manifest_list_without_local_children(tiny: TinyStore) -> None:
         assert r.status_code == 404
         assert error_code(r) == "MANIFEST_UNKNOWN"
         assert MEDIA_LIST in r.json()["errors"][0]["message"]
+
+
+async def test_a_tag_that_looks_like_a_digest_is_a_tag(tiny: TinyStore) -> None:
+    raw = tiny.gguf_model("x:sha256-" + "a" * 64)
+    async with client_for(app_for(tiny.root)) as c:
+        r = await c.get("/v2/library/x/manifests/sha256-" + "a" * 64)
+        assert r.status_code == 200
+        assert r.content == raw
+
+
+async def test_a_media_type_that_cannot_be_a_header(tiny: TinyStore) -> None:
+    raw = tiny.manifest([tiny.layer("model", b"w")], mediaType="text/x\r\nX-Evil: 1")
+    tiny.legacy("x:evil", raw)
+    async with client_for(app_for(tiny.root)) as c:
+        r = await c.get("/v2/library/x/manifests/evil")
+        assert r.status_code == 200
+        assert r.content == raw
+        assert r.headers["content-type"] == "application/json"
+        assert "x-evil" not in r.headers
 
 
 async def test_manifest_unknown_and_invalid(tiny: TinyStore) -> None:
@@ -601,8 +620,12 @@ async def test_zstd_for_text_layers_only(demo: DemoStore) -> None:
     assert int(headers["content-length"]) == len(body) < len(data)
     assert headers["etag"] != f'"{tokenizer.digest}"'
     assert zstandard.ZstdDecompressor().decompress(body, max_output_size=len(data)) == data
-    # Again, from the cache.
+    # Again, from the cache; and a client holding it revalidates with its ETag.
     assert (await call(app, url, headers=zstd))[2] == body
+    status, _, _ = await call(app, url, headers={**zstd, "If-None-Match": headers["etag"]})
+    assert status == 304
+    _, identity, _ = await call(app, url)
+    assert identity["vary"] == "Accept-Encoding"
 
     # Not asked for, refused with q=0, a range, or a HEAD: the identity bytes.
     for method, extra in (

@@ -1,0 +1,554 @@
+"""`sync.pull` in-process against tests/fakepeer.py on loopback (DESIGN §4 client, issue 4).
+
+Each test builds a source store, serves it with `FakePeer` in a thread (a real HTTP server on
+127.0.0.1) and pulls into an empty store with `sync.pull.pull` under trio. Faults are the
+peer's: flipped bytes, truncated bodies, lying lengths, stalls, 5xx, 401, 404. After every
+failure the target store is checked: no blob in `blobs/` that does not hash to its name, no
+manifest, and in `.modelfs/tmp/` nothing but a resumable `.partial` + `.json` pair.
+
+Blobs take one of two paths by size, and most fault tests run on both: SMALL (whole body
+through httpx) and LARGE (ranged GETs on raw sockets in threads, several at once, a sidecar).
+LARGE shrinks the thresholds so a 3 MiB blob goes in 256 KiB ranges over three connections.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from modelfs.demo import GEMMA, build_demo_store
+from store.digest import Digest, is_blob_name
+from store.layout import Layout
+from store.manifest import MEDIA_LIST, MEDIA_MANIFEST, ManifestList, parse_manifest
+from store.names import parse_name
+from store.scan import scan_store
+from sync.errors import (
+    LocalWriteError,
+    PeerAuthError,
+    PeerError,
+    PeerLiedError,
+    PeerNotFoundError,
+    PeerUnreachableError,
+)
+from sync.partial import PartialBlob, RangeSet, split
+from sync.pull import PullOptions, anchor_bytes, pull, select_children
+from tests.builders import TinyStore
+from tests.fakepeer import FakePeer, Fault
+
+KiB, MiB = 1 << 10, 1 << 20
+
+SMALL = PullOptions(read_timeout=1.0)
+LARGE = PullOptions(
+    read_timeout=1.0,
+    small_max=64 * KiB,
+    parallel_min=1 * MiB,
+    workers=3,
+    chunk=256 * KiB,
+    buffer=64 * KiB,
+    checkpoint_every=0.05,
+)
+PATHS = pytest.mark.parametrize("opts", [SMALL, LARGE], ids=["small", "large"])
+
+
+# -- helpers ----------------------------------------------------------------------------------
+def weights(n: int, seed: int = 0) -> bytes:
+    """Deterministic incompressible bytes."""
+    out = bytearray()
+    block = hashlib.sha256(f"{seed}".encode()).digest()
+    while len(out) < n:
+        block = hashlib.sha256(block).digest()
+        out += block * 64
+    return bytes(out[:n])
+
+
+def source_store(root: Path, size: int = 3 * MiB) -> tuple[TinyStore, bytes, Digest]:
+    """`llama3.2:3b`: a `size`-byte model blob plus template, license and config."""
+    tiny = TinyStore(root)
+    payload = weights(size)
+    raw = tiny.gguf_model("llama3.2:3b", payload)
+    return tiny, raw, Digest.of_bytes(payload)
+
+
+def tree(root: Path) -> dict[str, Any]:
+    """Every file and link under a store root but `.modelfs/`: bytes, or `-> target`."""
+    out: dict[str, Any] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel_dir = Path(dirpath).relative_to(root)
+        if rel_dir.parts[:1] == (".modelfs",):
+            continue
+        for name in filenames + [d for d in dirnames if (Path(dirpath) / d).is_symlink()]:
+            path = Path(dirpath) / name
+            rel = str(rel_dir / name)
+            if rel.startswith(".modelfs"):
+                continue
+            out[rel] = f"-> {os.readlink(path)}" if path.is_symlink() else path.read_bytes()
+    return out
+
+
+def assert_store_sound(root: Path, *, resumable_ok: bool = True) -> list[str]:
+    """No wrong blob, nothing ours but resumable pairs in tmp; returns tmp's file names."""
+    layout = Layout(root)
+    if layout.blobs.is_dir():
+        for entry in layout.blobs.iterdir():
+            assert is_blob_name(entry.name), entry
+            assert not entry.is_symlink()
+            assert hashlib.sha256(entry.read_bytes()).hexdigest() == entry.name[7:], entry
+    left = sorted(p.name for p in layout.tmp.iterdir()) if layout.tmp.is_dir() else []
+    stems = {n.rsplit(".", 1)[0] for n in left}
+    for stem in stems:
+        assert stem.startswith("pull-sha256-"), left
+        assert resumable_ok, left
+        assert sorted(n for n in left if n.startswith(stem + ".")) == [
+            f"{stem}.json",
+            f"{stem}.partial",
+        ], left
+    return left
+
+
+def assert_no_manifest(root: Path) -> None:
+    for sub in ("manifests", "manifests-v2"):
+        d = root / sub
+        if d.exists():
+            files = [p for p in d.rglob("*") if not p.is_dir() or p.is_symlink()]
+            assert files == [], files
+
+
+def closed_port_url() -> str:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+def src(tmp_path: Path) -> tuple[TinyStore, bytes, Digest]:
+    return source_store(tmp_path / "a")
+
+
+@pytest.fixture
+def peer(src: tuple[TinyStore, bytes, Digest]) -> Iterator[FakePeer]:
+    with FakePeer(src[0].root) as p:
+        yield p
+
+
+# -- pure parts -------------------------------------------------------------------------------
+def test_rangeset_merges_and_reports_gaps() -> None:
+    r = RangeSet()
+    r.add(10, 20)
+    r.add(0, 5)
+    r.add(5, 10)
+    r.add(30, 40)
+    assert r.as_list() == [[0, 20], [30, 40]]
+    assert r.prefix() == 20
+    assert r.total() == 30
+    assert r.missing(50) == [(20, 30), (40, 50)]
+    r.add(15, 35)
+    assert r.as_list() == [[0, 40]]
+    assert RangeSet().missing(7) == [(0, 7)]
+    assert RangeSet([(3, 5)]).prefix() == 0
+    assert split([(0, 10), (20, 25)], 4) == [(0, 4), (4, 8), (8, 10), (20, 24), (24, 25)]
+
+
+def test_select_children_by_prefer(tmp_path: Path) -> None:
+    demo = build_demo_store(tmp_path / "demo")
+    lst = parse_manifest(demo.lists[GEMMA].raw, "list")
+    assert isinstance(lst, ManifestList)
+    assert select_children(lst, ("llamacpp", "ggml", "mlx"), False) == [0]
+    assert select_children(lst, ("mlx", "llamacpp"), False) == [1]
+    assert select_children(lst, ("cuda",), False) == [0]  # none preferred: list order
+    assert select_children(lst, ("mlx",), True) == [0, 1]
+
+
+def test_anchor_is_the_demo_stores(tmp_path: Path) -> None:
+    demo = build_demo_store(tmp_path / "demo")
+    child = demo.manifests[f"{GEMMA}@llamacpp"]
+    refs = [
+        (
+            MEDIA_MANIFEST,
+            demo.manifests[f"{GEMMA}@{r}"].digest,
+            len(demo.manifests[f"{GEMMA}@{r}"].raw),
+        )
+        for r in ("llamacpp", "mlx")
+    ]
+    assert anchor_bytes(child.raw, demo.lists[GEMMA].raw, refs) == demo.anchors[GEMMA].raw
+
+
+# -- whole pulls ------------------------------------------------------------------------------
+@PATHS
+async def test_plain_manifest_byte_identical(
+    tmp_path: Path, src: tuple[TinyStore, bytes, Digest], peer: FakePeer, opts: PullOptions
+) -> None:
+    tiny, raw, big = src
+    t0 = time.time()
+    report = await pull(Layout(tmp_path / "b"), ["llama3.2:3b"], [peer.url], options=opts)
+    b = tmp_path / "b"
+    assert tree(b) == tree(tiny.root)
+    legacy = b / "manifests/registry.ollama.ai/library/llama3.2/3b"
+    assert legacy.read_bytes() == raw
+    assert oct(legacy.stat().st_mode & 0o777) == "0o644"
+    # Fresh mtimes: Ollama's startup prune spares blobs younger than an hour.
+    assert Layout(b).blob(big).stat().st_mtime >= t0 - 1
+    assert assert_store_sound(b) == []
+    [model] = report.models
+    assert model.name == "llama3.2:3b" and model.digest == Digest.of_bytes(raw)
+    assert model.fetched == 4 and model.present == 0 and model.avoided == {}
+    assert model.written == ["manifests/registry.ollama.ai/library/llama3.2/3b"]
+    if opts is LARGE:
+        ranges = [r["range"] for r in peer.blob_requests(big.hex)]
+        assert len(ranges) == 12 and all(r.startswith("bytes=") for r in ranges)
+        starts = sorted(int(r[6:].split("-")[0]) for r in ranges)
+        assert starts == [i * 256 * KiB for i in range(12)]
+
+
+async def test_list_pull_takes_preferred_child_and_writes_anchor(tmp_path: Path) -> None:
+    demo = build_demo_store(tmp_path / "a")
+    with FakePeer(demo.root) as peer:
+        await pull(Layout(tmp_path / "b"), [GEMMA], [peer.url], options=SMALL)
+    b = Layout(tmp_path / "b")
+    the_list = demo.lists[GEMMA]
+    gguf, mlx = demo.manifests[f"{GEMMA}@llamacpp"], demo.manifests[f"{GEMMA}@mlx"]
+    link = b.v2_manifest(parse_name(GEMMA))
+    assert os.readlink(link) == f"../../../../blobs/{the_list.digest.blob_name}"
+    assert link.read_bytes() == the_list.raw
+    assert b.blob(gguf.digest).read_bytes() == gguf.raw
+    assert not b.blob(mlx.digest).exists()
+    for layer in gguf.layers:
+        assert b.blob(layer.digest).exists()
+    assert not any(b.blob(layer.digest).exists() for layer in mlx.layers if layer.name)
+    anchor = b.legacy_manifest(parse_name(GEMMA)).read_bytes()
+    assert anchor == anchor_bytes(
+        gguf.raw, the_list.raw, [(MEDIA_MANIFEST, gguf.digest, len(gguf.raw))]
+    )
+    refs = json.loads(anchor)["layers"][-2:]
+    assert [r["mediaType"] for r in refs] == [MEDIA_LIST, MEDIA_MANIFEST]
+    index = scan_store(b)
+    entry = index.lookup(GEMMA)
+    assert entry.source == "v2" and [v.runner for v in entry.variants] == ["llamacpp"]
+    assert [p for p in index.problems if p.kind != "stray"] == []
+
+
+async def test_all_variants_of_everything_is_the_source_byte_for_byte(tmp_path: Path) -> None:
+    demo = build_demo_store(tmp_path / "a")
+    with FakePeer(demo.root) as peer:
+        await pull(
+            Layout(tmp_path / "b"),
+            list(demo.names),
+            [peer.url],
+            options=PullOptions(all_variants=True),
+        )
+    assert tree(tmp_path / "b") == tree(demo.root)
+
+
+async def test_prefer_mlx_pulls_only_mlx(tmp_path: Path) -> None:
+    demo = build_demo_store(tmp_path / "a")
+    with FakePeer(demo.root) as peer:
+        await pull(
+            Layout(tmp_path / "b"), [GEMMA], [peer.url], options=PullOptions(prefer=("mlx",))
+        )
+    b = Layout(tmp_path / "b")
+    entry = scan_store(b).lookup(GEMMA)
+    assert [v.runner for v in entry.variants] == ["mlx"]
+    anchor = json.loads(b.legacy_manifest(parse_name(GEMMA)).read_bytes())
+    assert anchor["runner"] == "mlx"
+
+
+@PATHS
+async def test_present_blobs_are_not_fetched_and_wrong_sizes_are_replaced(
+    tmp_path: Path, src: tuple[TinyStore, bytes, Digest], peer: FakePeer, opts: PullOptions
+) -> None:
+    tiny, _raw, big = src
+    b = Layout(tmp_path / "b")
+    await pull(b, ["llama3.2:3b"], [peer.url], options=opts)
+    inodes = {p.name: p.stat().st_ino for p in b.blobs.iterdir()}
+    peer.requests.clear()
+    report = await pull(b, ["llama3.2:3b"], [peer.url], options=opts)
+    assert peer.blob_requests() == []
+    assert report.models[0].present == 4 and report.models[0].fetched == 0
+    assert {p.name: p.stat().st_ino for p in b.blobs.iterdir()} == inodes
+    # A blob of the wrong length (a truncated copy) counts as missing and is renamed over.
+    path = b.blob(big)
+    path.write_bytes(path.read_bytes()[:1000])
+    await pull(b, ["llama3.2:3b"], [peer.url], options=opts)
+    assert path.stat().st_ino != inodes[path.name]
+    assert tree(b.root) == tree(tiny.root)
+    assert [r["digest"] for r in peer.blob_requests()] == [big.hex] * len(peer.blob_requests())
+
+
+async def test_case_insensitive_name_keeps_the_store_spelling(
+    tmp_path: Path, peer: FakePeer
+) -> None:
+    b = Layout(tmp_path / "b")
+    await pull(b, ["llama3.2:3b"], [peer.url])
+    report = await pull(b, ["LLAMA3.2:3B"], [peer.url])
+    assert report.models[0].written == ["manifests/registry.ollama.ai/library/llama3.2/3b"]
+    assert len(list((b.manifests / "registry.ollama.ai/library").iterdir())) == 1
+
+
+# -- manifest failures ------------------------------------------------------------------------
+async def test_manifest_errors_name_the_peer(tmp_path: Path, peer: FakePeer) -> None:
+    b = Layout(tmp_path / "b")
+    with pytest.raises(PeerNotFoundError, match=r"404.*nosuch:1 not found") as e:
+        await pull(b, ["nosuch:1"], [peer.url])
+    assert peer.url in str(e.value)
+    dead = closed_port_url()
+    with pytest.raises(PeerUnreachableError, match="cannot connect") as e:
+        await pull(b, ["llama3.2:3b"], [dead])
+    assert dead in str(e.value)
+    peer.faults.append(Fault.parse("status=401@manifest"))
+    with pytest.raises(PeerAuthError, match="401") as e:
+        await pull(b, ["llama3.2:3b"], [peer.url])
+    assert peer.url in str(e.value)
+    peer.faults[:] = [Fault.parse("bad-digest@manifest")]
+    with pytest.raises(PeerLiedError, match="Docker-Content-Digest") as e:
+        await pull(b, ["llama3.2:3b"], [peer.url])
+    assert peer.url in str(e.value)
+    assert_no_manifest(b.root)
+    assert assert_store_sound(b.root) == []
+
+
+async def test_manifest_fails_over_and_error_names_every_peer(
+    tmp_path: Path, src: tuple[TinyStore, bytes, Digest], peer: FakePeer
+) -> None:
+    b = Layout(tmp_path / "b")
+    dead = closed_port_url()
+    report = await pull(b, ["llama3.2:3b"], [dead, peer.url])
+    assert report.models[0].fetched == 4
+    with pytest.raises(PeerNotFoundError) as e:
+        await pull(b, ["nosuch:1"], [peer.url, dead])
+    assert peer.url in str(e.value) and dead in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+# -- blob faults ------------------------------------------------------------------------------
+LYING = ["flip", "truncate", "short-length", "long-length"]
+
+
+@PATHS
+@pytest.mark.parametrize("fault", LYING)
+async def test_a_lying_peer_is_named_and_nothing_bad_lands(
+    tmp_path: Path,
+    src: tuple[TinyStore, bytes, Digest],
+    peer: FakePeer,
+    opts: PullOptions,
+    fault: str,
+) -> None:
+    _tiny, _raw, big = src
+    peer.faults.append(Fault.parse(f"{fault}@{big.hex[:12]}"))
+    b = Layout(tmp_path / "b")
+    with pytest.raises(PeerLiedError) as e:
+        await pull(b, ["llama3.2:3b"], [peer.url], options=opts)
+    message = str(e.value)
+    assert peer.url in message and str(big) in message and "\n" not in message
+    assert_no_manifest(b.root)
+    assert not b.blob(big).exists()
+    left = assert_store_sound(b.root)
+    if fault == "flip":
+        assert left == []  # every byte is suspect: deleted
+    # Not used again for that blob: one try only (a transient error gets two).
+    gets = [r for r in peer.blob_requests(big.hex) if r["method"] == "GET"]
+    if opts is SMALL:
+        assert len(gets) == 1
+
+
+@PATHS
+@pytest.mark.parametrize("fault", [*LYING, "status=500", "drop", "stall", "status=404"])
+async def test_failover_to_a_good_peer(
+    tmp_path: Path,
+    src: tuple[TinyStore, bytes, Digest],
+    opts: PullOptions,
+    fault: str,
+) -> None:
+    tiny, _raw, big = src
+    with (
+        FakePeer(tiny.root, [f"{fault}@{big.hex[:12]}"]) as bad,
+        FakePeer(tiny.root) as good,
+    ):
+        b = Layout(tmp_path / "b")
+        report = await pull(b, ["llama3.2:3b"], [bad.url, good.url], options=opts)
+        assert tree(b.root) == tree(tiny.root)
+        assert assert_store_sound(b.root) == []
+        avoided = report.models[0].avoided
+        if fault in LYING:
+            assert list(avoided) == [bad.url] and str(big) in avoided[bad.url]
+        else:
+            assert avoided == {}
+        assert good.blob_requests(big.hex)
+
+
+@PATHS
+@pytest.mark.parametrize("fault", ["status=500", "status=401", "status=404", "drop", "stall"])
+async def test_transport_faults_fail_with_one_line_and_stay_resumable(
+    tmp_path: Path,
+    src: tuple[TinyStore, bytes, Digest],
+    peer: FakePeer,
+    opts: PullOptions,
+    fault: str,
+) -> None:
+    tiny, _raw, big = src
+    peer.faults.append(Fault.parse(f"{fault}@{big.hex[:12]}"))
+    b = Layout(tmp_path / "b")
+    expected = {
+        "status=500": PeerError,
+        "status=401": PeerAuthError,
+        "status=404": PeerNotFoundError,
+        "drop": PeerError,
+        "stall": PeerUnreachableError,
+    }[fault]
+    t0 = time.monotonic()
+    with pytest.raises(expected) as e:
+        await pull(b, ["llama3.2:3b"], [peer.url], options=opts)
+    assert time.monotonic() - t0 < 15
+    assert peer.url in str(e.value) and "\n" not in str(e.value)
+    assert_no_manifest(b.root)
+    left = assert_store_sound(b.root)
+    if fault == "stall" and opts is LARGE:
+        assert left  # half a range arrived before the stall: kept for a resume
+    # With the fault gone, the same pull finishes, fetching only what is missing.
+    peer.faults.clear()
+    peer.requests.clear()
+    await pull(b, ["llama3.2:3b"], [peer.url], options=opts)
+    assert tree(b.root) == tree(tiny.root)
+    assert assert_store_sound(b.root) == []
+    if fault == "stall" and opts is LARGE:
+        starts = [int(r["range"][6:].split("-")[0]) for r in peer.blob_requests(big.hex)]
+        assert len(starts) < 12  # the ranges finished before the stall are not asked again
+
+
+async def test_chunked_answers_go_through_httpx(
+    tmp_path: Path, src: tuple[TinyStore, bytes, Digest]
+) -> None:
+    tiny, _raw, big = src
+    with FakePeer(tiny.root, [f"chunked@{big.hex[:12]}"]) as peer:
+        await pull(Layout(tmp_path / "b"), ["llama3.2:3b"], [peer.url], options=LARGE)
+    assert tree(tmp_path / "b") == tree(tiny.root)
+
+
+async def test_token_is_sent_and_a_missing_one_is_a_clear_error(
+    tmp_path: Path, src: tuple[TinyStore, bytes, Digest]
+) -> None:
+    tiny, _raw, _big = src
+    with FakePeer(tiny.root, token="s3cret") as peer:
+        with pytest.raises(PeerAuthError, match="401") as e:
+            await pull(Layout(tmp_path / "b"), ["llama3.2:3b"], [peer.url])
+        assert peer.url in str(e.value)
+        await pull(
+            Layout(tmp_path / "b"),
+            ["llama3.2:3b"],
+            [peer.url],
+            options=LARGE,
+            authorization="Bearer s3cret",
+        )
+    assert tree(tmp_path / "b") == tree(tiny.root)
+
+
+# -- interruption and resume ------------------------------------------------------------------
+async def test_cancelled_pull_resumes_from_the_sidecar(tmp_path: Path) -> None:
+    tiny, _raw, big = source_store(tmp_path / "a", size=4 * MiB)
+    b = Layout(tmp_path / "b")
+    opts = PullOptions(
+        small_max=64 * KiB,
+        parallel_min=64 * MiB,
+        chunk=4 * MiB,
+        buffer=64 * KiB,
+        checkpoint_every=0.05,
+    )
+    with FakePeer(tiny.root, [f"throttle=4M@{big.hex[:12]}"]) as peer:
+        with trio.move_on_after(0.6):
+            await pull(b, ["llama3.2:3b"], [peer.url], options=opts)
+        left = assert_store_sound(b.root)
+        assert left == [f"pull-{big.blob_name}.json", f"pull-{big.blob_name}.partial"]
+        done = json.loads((b.tmp / left[0]).read_bytes())["done"]
+        assert done and done[0][0] == 0 and 0 < done[0][1] < 4 * MiB
+        assert_no_manifest(b.root)
+        peer.faults.clear()
+        peer.requests.clear()
+        await pull(b, ["llama3.2:3b"], [peer.url], options=opts)
+    [get] = peer.blob_requests(big.hex)
+    assert get["range"] == f"bytes={done[0][1]}-{4 * MiB - 1}"
+    assert tree(b.root) == tree(tiny.root)
+    assert assert_store_sound(b.root) == []
+
+
+async def test_a_resumed_prefix_that_was_wrong_is_fetched_again(tmp_path: Path) -> None:
+    tiny, _raw, big = source_store(tmp_path / "a")
+    b = Layout(tmp_path / "b")
+    # An earlier run left 1 MiB of garbage that its sidecar claims is done.
+    p = PartialBlob.open(b, big, 3 * MiB)
+    os.pwrite(p.fd, b"\0" * MiB, 0)
+    p.checkpoint(RangeSet([(0, MiB)]))
+    p.close()
+    p.lock_path.unlink()
+    with FakePeer(tiny.root) as peer:
+        report = await pull(b, ["llama3.2:3b"], [peer.url], options=LARGE)
+    assert report.models[0].avoided == {}
+    assert tree(b.root) == tree(tiny.root)
+    ranges = [r["range"] for r in peer.blob_requests(big.hex)]
+    assert f"bytes={MiB}-{MiB + 256 * KiB - 1}" in ranges  # first the rest
+    assert "bytes=0-262143" in ranges  # then everything again
+
+
+async def test_a_live_lock_is_waited_for_and_a_dead_one_taken_over(
+    tmp_path: Path, src: tuple[TinyStore, bytes, Digest], peer: FakePeer
+) -> None:
+    tiny, _raw, big = src
+    b = Layout(tmp_path / "b")
+    b.tmp.mkdir(parents=True)
+    lock = b.tmp / f"pull-{big.blob_name}.lock"
+    holder = subprocess.Popen(["sleep", "1.5"])  # noqa: ASYNC220
+    try:
+        lock.write_text(json.dumps({"host": socket.gethostname(), "pid": holder.pid}))
+        t0 = time.monotonic()
+        await pull(b, ["llama3.2:3b"], [peer.url], options=LARGE)
+        # The holder died without removing its lock: stale, taken over.
+        assert time.monotonic() - t0 > 1.0
+    finally:
+        holder.kill()
+        holder.wait()
+    assert tree(b.root) == tree(tiny.root)
+    assert not lock.exists()
+
+
+# -- a full disk ------------------------------------------------------------------------------
+@pytest.fixture
+def tiny_fs(tmp_path: Path) -> Iterator[Path]:
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True
+    )
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {r.stderr.decode().strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@PATHS
+async def test_full_disk_fails_cleanly(tmp_path: Path, tiny_fs: Path, opts: PullOptions) -> None:
+    # Three 2 MiB blobs into 4 MiB: the small path fails on a write, the large path when it
+    # reserves the space; either way nothing is promoted and nothing half-made is kept.
+    tiny = TinyStore(tmp_path / "a")
+    layers = [tiny.layer("model", weights(2 * MiB, i)) for i in range(3)]
+    tiny.legacy("big:1", tiny.manifest(layers))
+    store = tiny_fs / "models"
+    store.mkdir()
+    with (
+        FakePeer(tiny.root) as peer,
+        pytest.raises(LocalWriteError, match="no space left on device") as e,
+    ):
+        await pull(Layout(store), ["big:1"], [peer.url], options=opts)
+    assert str(store) in str(e.value)
+    assert_no_manifest(store)
+    assert assert_store_sound(store) == []
