@@ -85,6 +85,15 @@ class Mount:
         self.allow_other = allow_other
         self._signature: tuple[object, ...] = ()
 
+    def _store_readable(self) -> bool:
+        try:
+            for d in (self.layout.root, self.layout.blobs):
+                with os.scandir(d):
+                    pass
+        except OSError:
+            return False
+        return True
+
     def _scan(self) -> NameTree:
         signature = store_signature(self.layout)
         index = scan_store(self.layout)
@@ -114,11 +123,9 @@ class Mount:
             trio.run(self._main)
             clean = True
         finally:
+            # After a crash the mount is left in place: readers get "Transport endpoint is not
+            # connected", never an empty directory that `rsync --delete` would mirror.
             pyfuse3.close(unmount=clean)
-            if not clean:
-                # An exception: unmount anyway so the user is not left with a dead mount point.
-                with contextlib.suppress(OSError, subprocess.SubprocessError):
-                    subprocess.run(["fusermount3", "-u", "-z", str(self.mountpoint)], check=False)
 
     async def _main(self) -> None:
         async with trio.open_nursery() as nursery:
@@ -152,12 +159,21 @@ class Mount:
             signature = await trio.to_thread.run_sync(store_signature, self.layout)
             if signature == self._signature:
                 continue
+            if not await trio.to_thread.run_sync(self._store_readable):
+                # A store that vanished (unmounted NFS, a renamed dir) is not an empty store.
+                if self._signature:
+                    log.error(
+                        "store %s is gone or unreadable; keeping the last view", self.layout.root
+                    )
+                self._signature = signature
+                continue
             old = self.ops.tree
             try:
                 tree = await trio.to_thread.run_sync(self._scan)
             except Exception:
                 # The view must survive any store state; keep serving the last good tree.
                 log.exception("rescan failed; keeping the previous view")
+                self._signature = signature
                 continue
             self.ops.swap(tree)
             stale = list(changed_entries(old, tree))

@@ -7,12 +7,15 @@ Handlers raise only FUSEError; every store-side failure is turned into an errno 
 from __future__ import annotations
 
 import errno
+import functools
 import itertools
 import logging
 import os
 import stat
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ParamSpec, TypeVar
 
 import pyfuse3
 import trio
@@ -30,6 +33,9 @@ from store.errors import StoreError
 from store.gguf import read_gguf_header_path
 
 log = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 # Names resolve to new content when a tag moves, so the kernel may cache a name only briefly;
 # what an inode holds never changes, so its attributes may be cached for long.
@@ -57,6 +63,26 @@ def _errno_for(exc: BaseException) -> int:
     if isinstance(exc, StoreError):
         return errno.EIO
     return errno.EIO
+
+
+def _guarded(handler: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+    """Turn anything but FUSEError into EIO plus a log line: pyfuse3 ends its main loop on any
+    other exception, and a dead daemon is worse than one failed request."""
+
+    @functools.wraps(handler)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return await handler(*args, **kwargs)
+        except pyfuse3.FUSEError:
+            raise
+        except OSError as exc:
+            log.error("%s: %s", handler.__name__, exc)
+            raise pyfuse3.FUSEError(_errno_for(exc)) from None
+        except Exception:
+            log.exception("%s failed", handler.__name__)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    return wrapper
 
 
 @dataclass
@@ -107,7 +133,7 @@ class ModelOperations(pyfuse3.Operations):
         a.st_nlink = (
             2 + sum(isinstance(c, DirNode) for c in node.children.values())
             if isinstance(node, DirNode)
-            else 1
+            else node.links
         )
         a.st_uid = self.uid
         a.st_gid = self.gid
@@ -118,11 +144,13 @@ class ModelOperations(pyfuse3.Operations):
         a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = node.mtime_ns
         return a
 
+    @_guarded
     async def getattr(
         self, inode: int, ctx: pyfuse3.RequestContext | None = None
     ) -> pyfuse3.EntryAttributes:
         return self._attrs(self._node(inode))
 
+    @_guarded
     async def lookup(
         self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext | None = None
     ) -> pyfuse3.EntryAttributes:
@@ -141,6 +169,7 @@ class ModelOperations(pyfuse3.Operations):
         return None
 
     # -- directories ---------------------------------------------------------------------
+    @_guarded
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
         node = self._node(inode)
         if not isinstance(node, DirNode):
@@ -150,6 +179,7 @@ class ModelOperations(pyfuse3.Operations):
         self._dir_handles[fh] = (node, sorted(node.children.items()))
         return fh
 
+    @_guarded
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         node, entries = self._dir_handles[fh]
         immutable = bool(node.path) and node.path[0] in IMMUTABLE_DIRS
@@ -159,10 +189,12 @@ class ModelOperations(pyfuse3.Operations):
             if not pyfuse3.readdir_reply(token, os.fsencode(name), attrs, i + 1):
                 return
 
+    @_guarded
     async def releasedir(self, fh: int) -> None:
         self._dir_handles.pop(fh, None)
 
     # -- files ---------------------------------------------------------------------------
+    @_guarded
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         if flags & _WRITE_FLAGS:
             raise pyfuse3.FUSEError(errno.EROFS)
@@ -199,6 +231,7 @@ class ModelOperations(pyfuse3.Operations):
             raise OSError(errno.EIO, f"{path} changed size or type")
         return fd
 
+    @_guarded
     async def read(self, fh: int, off: int, size: int) -> bytes:
         handle = self._handles.get(fh)
         if handle is None:
@@ -218,6 +251,7 @@ class ModelOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(_errno_for(exc)) from None
         raise pyfuse3.FUSEError(errno.EINVAL)
 
+    @_guarded
     async def release(self, fh: int) -> None:
         handle = self._handles.pop(fh, None)
         if handle is None:
@@ -232,6 +266,7 @@ class ModelOperations(pyfuse3.Operations):
         for fd in handle.fds.values():
             os.close(fd)
 
+    @_guarded
     async def readlink(self, inode: int, ctx: pyfuse3.RequestContext) -> bytes:
         node = self._node(inode)
         if not isinstance(node, SymlinkNode):
@@ -239,6 +274,7 @@ class ModelOperations(pyfuse3.Operations):
         return node.target
 
     # -- extended attributes -------------------------------------------------------------
+    @_guarded
     async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
         node = self._node(inode)
         key = os.fsdecode(name)
@@ -252,6 +288,7 @@ class ModelOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         return value
 
+    @_guarded
     async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> list[bytes]:
         node = self._node(inode)
         names = list(node.xattrs)
@@ -268,8 +305,13 @@ class ModelOperations(pyfuse3.Operations):
         return values
 
     # -- the filesystem ------------------------------------------------------------------
+    @_guarded
     async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
-        st = os.statvfs(self.statfs_path)
+        try:
+            st = os.statvfs(self.statfs_path)
+        except OSError as exc:
+            log.error("statfs %s: %s", self.statfs_path, exc.strerror)
+            raise pyfuse3.FUSEError(errno.EIO) from None
         out = pyfuse3.StatvfsData()
         for attr in (
             "f_bsize",

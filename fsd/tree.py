@@ -20,7 +20,7 @@ from pathlib import Path
 from store.digest import Digest
 from store.errors import StoreError
 from store.files import ModelFile, model_files
-from store.manifest import MAX_CONFIG_BYTES
+from store.manifest import clean_text
 from store.names import Name
 from store.safetensors import read_safetensors_header_path
 from store.scan import DEFAULT_PREFER, Entry, StoreIndex, Variant
@@ -29,6 +29,7 @@ from store.views import MergedSafetensors, merge_safetensors, read_merged, rende
 log = logging.getLogger(__name__)
 
 ROOT_INODE = 1
+MAX_TEXT_BYTES = 1 << 20  # templates, licenses, params shown inside a Modelfile
 
 
 class InodeTable:
@@ -52,6 +53,7 @@ class Node:
     inode: int
     mtime_ns: int
     xattrs: dict[str, bytes] = field(default_factory=dict)
+    links: int = 1  # how many places show it, so `du` and `rsync -H` count a blob once
 
     mode = stat.S_IFREG | 0o444
 
@@ -64,6 +66,7 @@ class Node:
 class DirNode(Node):
     path: tuple[str, ...] = ()
     children: dict[str, Node] = field(default_factory=dict)
+    is_model: bool = False
     mode = stat.S_IFDIR | 0o555
 
     @property
@@ -176,12 +179,17 @@ class TreeBuilder:
         blobs = self._mkdirs(root, (".blobs",), root_mtime)
 
         for entry in index.sorted_entries():
-            self._add_entry(root, by_name, by_digest, entry)
+            try:
+                self._add_entry(root, by_name, by_digest, entry)
+            except Exception:
+                # One model's oddity must not cost the user the whole view.
+                log.exception("%s: not shown", entry.name)
         for name in sorted(index.blob_names):
             digest = Digest.parse(name)
             node = self._blob(digest, "")
             if node is not None:
                 blobs.children[name] = node
+        _count_links(root)
         return NameTree(root, self.nodes, self.blob_nodes)
 
     # -- helpers -------------------------------------------------------------------------
@@ -191,7 +199,7 @@ class TreeBuilder:
     def _dir(
         self, path: tuple[str, ...], mtime_ns: int, xattrs: dict[str, bytes] | None = None
     ) -> DirNode:
-        node = DirNode(self.inodes.get(("dir", path)), mtime_ns, xattrs or {}, path)
+        node = DirNode(self.inodes.get(("dir", path)), mtime_ns, xattrs or {}, path=path)
         self._register(node)
         return node
 
@@ -203,7 +211,9 @@ class TreeBuilder:
             if child is None:
                 child = self._dir((*node.path, part), mtime_ns)
                 node.children[part] = child
-            elif not isinstance(child, DirNode):
+            elif not isinstance(child, DirNode) or child.is_model:
+                # Never into another model's directory: `llama3/8b/q4` must not appear inside
+                # the library model `llama3:8b`.
                 raise _Clash(part)
             child.mtime_ns = max(child.mtime_ns, mtime_ns)
             node = child
@@ -290,6 +300,7 @@ class TreeBuilder:
             "user.modelfs.manifest_digest": str(manifest.digest).encode(),
         }
         d = self._dir(path, entry.mtime_ns, xattrs)
+        d.is_model = True
         files = self._files.get(manifest.digest)
         if files is None:
             files = self._files[manifest.digest] = model_files(manifest)
@@ -353,12 +364,16 @@ class TreeBuilder:
         return self._texts[digest]
 
     def _read_text_uncached(self, f: ModelFile) -> str | None:
-        if self.index.blob_info(f.layer.digest) is None or f.layer.size > MAX_CONFIG_BYTES:
+        info = self.index.blob_info(f.layer.digest)
+        # Trust the blob's real size, not the manifest's claim, before reading it whole.
+        if info is None or info.size != f.layer.size or info.size > MAX_TEXT_BYTES:
             return None
         try:
-            return self.index.layout.blob(f.layer.digest).read_bytes().decode("utf-8", "replace")
+            with open(self.index.layout.blob(f.layer.digest), "rb") as fh:
+                data = fh.read(MAX_TEXT_BYTES + 1)
         except OSError:
             return None
+        return clean_text(data[:MAX_TEXT_BYTES].decode("utf-8", "replace"))
 
     def _merged_view(self, files: list[ModelFile]) -> MergedSafetensors | str:
         tensors = [f for f in files if f.layer.kind == "tensor"]
@@ -387,6 +402,26 @@ class TreeBuilder:
         node = MergedNode(self.inodes.get(key), mtime_ns, merged=merged)
         self._register(node)
         return node
+
+
+def _count_links(root: DirNode) -> None:
+    counts: dict[int, int] = {}
+    stack = [root]
+    seen_dirs: set[int] = set()
+    files: dict[int, Node] = {}
+    while stack:
+        d = stack.pop()
+        if id(d) in seen_dirs:
+            continue
+        seen_dirs.add(id(d))
+        for child in d.children.values():
+            if isinstance(child, DirNode):
+                stack.append(child)
+            else:
+                counts[id(child)] = counts.get(id(child), 0) + 1
+                files[id(child)] = child
+    for key, node in files.items():
+        node.links = counts[key]
 
 
 class _Clash(Exception):

@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import secrets
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +25,18 @@ from store.names import Name
 
 FILE_MODE = 0o644
 DIR_MODE = 0o755
+
+
+def _make_dirs(path: Path) -> None:
+    """mkdir -p, fsyncing each new directory's parent so the new entry survives a crash."""
+    missing = []
+    while not path.is_dir():
+        missing.append(path)
+        path = path.parent
+    for d in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            d.mkdir(mode=DIR_MODE)
+        _fsync_dir(d.parent)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -56,8 +70,13 @@ class BlobStore:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
 
-    def has(self, digest: Digest) -> bool:
-        return self.layout.blob(digest).is_file()
+    def has(self, digest: Digest, size: int | None = None) -> bool:
+        """A regular file (not a link) under the blob's name, of `size` bytes when given."""
+        try:
+            st = os.lstat(self.layout.blob(digest))
+        except FileNotFoundError:
+            return False
+        return stat.S_ISREG(st.st_mode) and (size is None or st.st_size == size)
 
     def commit(self, temp: Path, digest: Digest) -> Path:
         """Rename a finished temp file to its blob name after checking its sha256.
@@ -67,6 +86,11 @@ class BlobStore:
         actual = Digest.of_file(temp)
         if actual != digest:
             raise CorruptBlobError(f"digest mismatch for {digest}: got {actual}")
+        fd = os.open(temp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         return self._install(temp, digest)
 
     def install(self, temp: Path, digest: Digest) -> Path:
@@ -98,15 +122,15 @@ class BlobStore:
             digest = Digest(h.hexdigest())
             if expected is not None and digest != expected:
                 raise CorruptBlobError(f"digest mismatch for {expected}: got {digest}")
-            if self.has(digest):
-                return digest
+            # Replace whatever is there: an existing file of that name may be zeroed or cut
+            # short, and a verified copy renamed over it is the repair.
             f.close()
             self._install(temp, digest)
         return digest
 
     def put_bytes(self, data: bytes) -> Digest:
         digest = Digest.of_bytes(data)
-        if self.has(digest):
+        if self.has(digest, len(data)) and self.layout.blob(digest).read_bytes() == data:
             return digest
         with self.temp_file() as (f, temp):
             f.write(data)
@@ -117,7 +141,7 @@ class BlobStore:
         return digest
 
     def _replace_file(self, target: Path, data: bytes) -> None:
-        target.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        _make_dirs(target.parent)
         with self.temp_file("manifest-") as (f, temp):
             f.write(data)
             f.flush()
@@ -142,13 +166,11 @@ class BlobStore:
         """
         digest = self.put_bytes(raw)
         target = self.layout.v2_manifest(name)
-        target.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        _make_dirs(target.parent)
         blob = self.layout.blob(digest)
         # The link is made in our tmp dir and renamed into place, so no half-made entry ever
         # sits at depth 4 of manifests-v2/, where Ollama would take it for a bad manifest.
-        link = self.layout.tmp / f"link-{os.getpid()}-{digest.hex[:16]}"
-        with contextlib.suppress(FileNotFoundError):
-            link.unlink()
+        link = self.layout.tmp / f"link-{secrets.token_hex(8)}"
         try:
             os.symlink(os.path.relpath(blob, target.parent), link)
         except OSError:
@@ -157,6 +179,11 @@ class BlobStore:
             except OSError:
                 self._replace_file(target, raw)
                 return target
-        os.replace(link, target)
+        try:
+            os.replace(link, target)
+        finally:
+            # rename() of a hardlink onto the same inode succeeds and leaves the source behind.
+            with contextlib.suppress(FileNotFoundError):
+                link.unlink()
         _fsync_dir(target.parent)
         return target

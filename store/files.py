@@ -59,6 +59,7 @@ def _numbered(stem: str, ext: str, n: int) -> str:
 def model_files(manifest: Manifest) -> list[ModelFile]:
     """Every layer's file, in manifest order. Names never repeat and never leave the dir."""
     taken: set[str] = set()
+    dirs: set[str] = set()
     counts: dict[tuple[str, str], int] = {}
     files: list[ModelFile] = []
 
@@ -83,17 +84,18 @@ def model_files(manifest: Manifest) -> list[ModelFile]:
                 path = f"tensors/{safe}.safetensors"
         elif kind == "json":
             path = _safe_relpath(layer.name)
-        if path is None or path in taken or _clashes(path, taken):
+        if path is None or path in taken or _clashes(path, taken, dirs):
             path = fallback(index, layer)
         taken.add(path)
+        parts = path.split("/")
+        dirs.update("/".join(parts[:i]) for i in range(1, len(parts)))
         files.append(ModelFile(path, layer, index))
     return files
 
 
-def _clashes(path: str, taken: set[str]) -> bool:
-    """True if `path` would be a file where another is a dir, or the reverse."""
-    prefix = path + "/"
-    if any(t.startswith(prefix) for t in taken):
+def _clashes(path: str, taken: set[str], dirs: set[str]) -> bool:
+    """True if `path` would be a file where a dir is, or needs a dir where a file is."""
+    if path in dirs:
         return True
     parts = path.split("/")
     return any("/".join(parts[:i]) in taken for i in range(1, len(parts)))

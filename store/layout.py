@@ -59,7 +59,8 @@ def find_store_root(explicit: str | os.PathLike[str] | None = None) -> Path:
             root, why = home, "home default"
         else:
             root, why = SYSTEM_STORE, "system install"
-    root = root.expanduser()
+    # Absolute, so symlinks made from it (`--data symlink`) resolve from anywhere.
+    root = Path(os.path.abspath(root.expanduser()))
     if not root.is_dir():
         raise StoreNotFoundError(f"no model store at {root} ({why})")
     log.info("store: %s (%s)", root, why)

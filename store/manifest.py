@@ -7,6 +7,7 @@ never re-serialize, because the model ID is the sha256 of exactly those bytes.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,8 +114,19 @@ def _load_json(raw: bytes, source: str, limit: int) -> Any:
         raise ManifestError(f"{source}: not UTF-8 text") from None
     except json.JSONDecodeError as exc:
         raise ManifestError(f"{source}: not valid JSON ({exc.msg} at byte {exc.pos})") from None
+    except ValueError as exc:  # e.g. an integer of thousands of digits
+        raise ManifestError(f"{source}: not valid JSON ({exc})") from None
     except RecursionError:
         raise ManifestError(f"{source}: JSON nested too deeply") from None
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(text: str) -> str:
+    """Lone surrogates (from `\\ud800` escapes) as U+FFFD, as Go's JSON decoder leaves them;
+    they cannot be encoded, so they must not reach a file name or a file."""
+    return _SURROGATE.sub("\ufffd", text)
 
 
 def _str(obj: dict[str, Any], key: str, source: str, *, required: bool = False) -> str | None:
@@ -125,7 +137,7 @@ def _str(obj: dict[str, Any], key: str, source: str, *, required: bool = False) 
         return None
     if not isinstance(value, str):
         raise ManifestError(f"{source}: {key!r} is not a string")
-    return value
+    return clean_text(value)
 
 
 def _layer(obj: Any, source: str) -> Layer:
@@ -219,6 +231,12 @@ def _list(obj: dict[str, Any], raw: bytes, digest: Digest, source: str) -> Manif
             except InvalidDigestError:
                 raise ManifestError(f"{source}: bad child digest {text!r}") from None
         else:
+            layers = child.get("layers")
+            config = child.get("config")
+            if not isinstance(layers, list) or not all(isinstance(x, dict) for x in layers):
+                raise ManifestError(f"{source}: inline child has malformed 'layers'")
+            if config is not None and not isinstance(config, dict):
+                raise ManifestError(f"{source}: inline child has a malformed 'config'")
             child_raw = _inline_child_bytes(child)
             child_digest = Digest.of_bytes(child_raw)
             inline = _manifest(child, child_raw, child_digest, f"{source} (inline child)")
@@ -244,13 +262,13 @@ def parse_config(raw: bytes, source: str) -> ModelConfig:
 
     def text(key: str) -> str:
         value = obj.get(key)
-        return value if isinstance(value, str) else ""
+        return clean_text(value) if isinstance(value, str) else ""
 
     def texts(key: str) -> tuple[str, ...]:
         value = obj.get(key)
         if not isinstance(value, list):
             return ()
-        return tuple(x for x in value if isinstance(x, str))
+        return tuple(clean_text(x) for x in value if isinstance(x, str))
 
     ctx = obj.get("context_length")
     return ModelConfig(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from store.names import Name, name_from_path_parts, parse_name
 log = logging.getLogger(__name__)
 
 DEFAULT_PREFER: tuple[str, ...] = ("llamacpp", "ggml", "mlx")
+_RUNNER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,79}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,7 +217,8 @@ def _walk_depth4(root: Path) -> Iterator[tuple[tuple[str, ...], os.DirEntry[str]
             for de in sorted(it, key=lambda d: d.name):
                 sub = (*parts, de.name)
                 if len(sub) < 4:
-                    if de.is_dir(follow_symlinks=False):
+                    # Ollama's Glob follows links to directories; the depth bound stops loops.
+                    if de.is_dir(follow_symlinks=True):
                         yield from walk(Path(de.path), sub)
                     else:
                         yield sub, de, "stray file (not a manifest: wrong depth)"
@@ -300,6 +303,11 @@ class Scanner:
             except StoreError as exc:
                 self._problem("bad-manifest", rel, str(exc).removeprefix(f"{rel}: "))
                 continue
+            except Exception as exc:
+                # Whatever a hostile file does, it costs only its own entry, never the scan.
+                log.exception("%s: unexpected error", rel)
+                self._problem("bad-manifest", rel, f"unreadable ({type(exc).__name__}: {exc})")
+                continue
             self.index.entries[name.key] = entry
 
     def _read_entry(self, name: Name, path: Path, root: Path, *, v2: bool) -> Entry:
@@ -333,8 +341,12 @@ class Scanner:
                 link = os.readlink(path)
                 blob_name = os.path.basename(link)
                 outside = ManifestError(f"{rel}: link points outside blobs/ ({link})")
-                if not is_blob_name(blob_name) or blob_name not in self.index.blob_names:
+                if not is_blob_name(blob_name):
                     raise outside
+                if blob_name not in self.index.blob_names:
+                    if os.path.lexists(os.path.join(self.layout.blobs, blob_name)):
+                        raise outside  # present, but not a regular file
+                    raise ManifestError(f"{rel}: manifest blob {blob_name} is missing")
                 blob = os.path.join(self.layout.blobs, blob_name)
                 st = os.stat(path)
                 bst = os.stat(blob, follow_symlinks=False)
@@ -394,6 +406,10 @@ class Scanner:
                 if self.index.has_blob(child.digest):
                     self._problem("bad-manifest", rel, f"child {child.digest}: {manifest}")
                 absent.append(child)
+                continue
+            if child.runner is not None and _RUNNER.fullmatch(child.runner) is None:
+                # A runner becomes part of a directory name (`26b@mlx`).
+                self._problem("bad-manifest", rel, f"child {child.digest}: bad runner name")
                 continue
             config = self.index.config(manifest)
             runner = child.runner or infer_runner(manifest, config)

@@ -31,7 +31,6 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 from store.digest import Digest
 from store.layout import Layout

@@ -714,7 +714,7 @@ def build_damage(tiny: TinyStore) -> dict[str, str]:
     tiny.layout.blob(Digest.parse(json.loads(gone)["layers"][0]["digest"])).unlink()
     good["gone-blob:1"] = sha256_hex(gone)
     # A config that is not JSON, and one with a lone surrogate escape.
-    bad_cfg = tiny.manifest([tiny.layer("model", b"w")])
+    bad_cfg = tiny.manifest([tiny.layer("model", b"w")], {"model_format": "gguf", "only": "here"})
     tiny.layout.blob(Digest.parse(json.loads(bad_cfg)["config"]["digest"])).write_bytes(b"{")
     tiny.legacy("bad-config:1", bad_cfg)
     good["bad-config:1"] = sha256_hex(bad_cfg)

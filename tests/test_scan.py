@@ -212,3 +212,37 @@ def test_list_media_type_in_anchor_layers_gets_a_fallback_file(tiny: TinyStore) 
 def test_empty_or_absent_store(tmp_path: Path) -> None:
     assert len(scan_store(tmp_path)) == 0
     assert scan_store(tmp_path).problems == []
+
+
+def test_hostile_manifests_cost_only_themselves(tiny: TinyStore) -> None:
+    tiny.gguf_model("good:1")
+    digest = f"sha256:{'ab' * 32}"
+    lib = tiny.layout.manifests / "registry.ollama.ai" / "library"
+    bad = {
+        "inline": compact(
+            {"mediaType": MEDIA_LIST, "manifests": [{"layers": [1, 2], "config": "x"}]}
+        ),
+        "hugeint": b'{"layers":[{"mediaType":"x","digest":"' + digest.encode() + b'","size":'
+        + b"9" * 5000 + b"}]}",
+        "surrogate": compact(
+            {"layers": [{"mediaType": "application/vnd.ollama.image.json", "digest": digest,
+                         "size": 1, "name": "\ud800.json"}]}
+        ),
+        "runner": tiny.manifest_list(
+            [(tiny.manifest([tiny.layer("model", b"w")]), "x/../y", "gguf")]
+        ),
+    }  # fmt: skip
+    for model, raw in bad.items():
+        (lib / model).mkdir(parents=True)
+        (lib / model / "latest").write_bytes(raw)
+    index = scan_store(tiny.root)
+    names = {e.name.model for e in index}
+    assert "good" in names and "inline" not in names and "hugeint" not in names
+    problems = {p.path.split("/")[3]: p.message for p in index.problems if p.kind == "bad-manifest"}
+    assert "malformed" in problems["inline"]
+    assert "not valid JSON" in problems["hugeint"]
+    assert "bad runner" in problems["runner"]
+    entry = index.lookup("surrogate")
+    (f,) = model_files(entry.variants[0].manifest)
+    f.path.encode()  # a surrogate never reaches a file name
+    assert "\ufffd" in f.path

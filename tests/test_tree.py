@@ -90,3 +90,29 @@ def test_signature_moves_on_each_kind_of_change(tmp_path: Path) -> None:
     assert s2 != s1
     tiny.blob(b"just a blob")
     assert store_signature(layout) != s2
+
+
+def test_models_never_nest_and_links_count_places(tmp_path: Path) -> None:
+    tiny = TinyStore(tmp_path)
+    tiny.gguf_model("llama3/8b:q4", payload=b"namespace model")
+    tiny.legacy("llama3:8b", tiny.manifest([tiny.layer("model", b"library model")]), mtime=2e9)
+    tree = TreeBuilder(InodeTable()).build(scan_store(tiny.root))
+    paths = walk(tree.root)
+    assert "/llama3/8b/model.gguf" in paths
+    assert "/llama3/8b/q4" not in paths  # still reachable by its full name:
+    assert "/.by-name/registry.ollama.ai/llama3/8b/q4/model.gguf" in paths
+    model = paths["/llama3/8b/model.gguf"]
+    shown = [p for p, n in paths.items() if n is model]
+    assert model.links == len(shown) >= 3  # short name, .by-name, .by-digest, .blobs
+
+
+def test_text_layers_are_read_by_their_real_size(tmp_path: Path) -> None:
+    tiny = TinyStore(tmp_path)
+    big = b"x" * (2 << 20)
+    lie = tiny.layer("license", big)
+    lie["size"] = 3  # the manifest claims 3 bytes
+    tiny.legacy("m:1", tiny.manifest([tiny.layer("model", b"w"), lie]))
+    tree = TreeBuilder(InodeTable()).build(scan_store(tiny.root))
+    paths = walk(tree.root)
+    assert "/m/1/LICENSE" not in paths  # wrong size: not served
+    assert b"LICENSE" not in paths["/m/1/Modelfile"].data  # type: ignore[attr-defined]
