@@ -133,7 +133,7 @@ class ModelOperations(pyfuse3.Operations):
         a.st_nlink = (
             2 + sum(isinstance(c, DirNode) for c in node.children.values())
             if isinstance(node, DirNode)
-            else node.links
+            else max(node.links, 1)
         )
         a.st_uid = self.uid
         a.st_gid = self.gid

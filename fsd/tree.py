@@ -10,7 +10,6 @@ file keep its bytes when its tag moves.
 from __future__ import annotations
 
 import gc
-import hashlib
 import logging
 import stat
 from collections.abc import Hashable, Iterable
@@ -188,8 +187,7 @@ class TreeBuilder:
             digest = Digest.parse(name)
             node = self._blob(digest, "")
             if node is not None:
-                blobs.children[name] = node
-        _count_links(root)
+                _attach(blobs, name, node)
         return NameTree(root, self.nodes, self.blob_nodes)
 
     # -- helpers -------------------------------------------------------------------------
@@ -235,6 +233,7 @@ class TreeBuilder:
             path=self.index.layout.blob(digest),
             blob_size=info.size,
             media_type=media_type,
+            links=0,
         )
         if media_type:
             node.xattrs["user.modelfs.media_type"] = media_type.encode()
@@ -261,7 +260,8 @@ class TreeBuilder:
         return blob
 
     def _bytes(self, path: tuple[str, ...], data: bytes, mtime_ns: int) -> BytesNode:
-        key = ("bytes", path, hashlib.sha256(data).digest())
+        # bytes hash once per object and the same objects recur (manifest bytes, Modelfiles).
+        key = ("bytes", path, data)
         node = BytesNode(self.inodes.get(key), mtime_ns, data=data)
         self._register(node)
         return node
@@ -315,7 +315,7 @@ class TreeBuilder:
                 holder = self._mkdirs(d, parts[:-1], entry.mtime_ns)
             except _Clash:
                 continue
-            holder.children[parts[-1]] = node
+            _attach(holder, parts[-1], node)
         if manifest.config is not None and self.index.blob_info(manifest.config.digest) is None:
             status.append(f"missing blob {manifest.config.digest} (.ollama/config.json)")
         safetensors = any(f.layer.kind == "tensor" for f in files)
@@ -337,7 +337,7 @@ class TreeBuilder:
         if manifest.config is not None:
             config = self._blob(manifest.config.digest, manifest.config.media_type)
             if config is not None:
-                meta.children["config.json"] = config
+                _attach(meta, "config.json", config)
         meta.children["digest"] = self._bytes(
             (*path, ".ollama", "digest"), f"{manifest.digest}\n".encode(), entry.mtime_ns
         )
@@ -404,24 +404,10 @@ class TreeBuilder:
         return node
 
 
-def _count_links(root: DirNode) -> None:
-    counts: dict[int, int] = {}
-    stack = [root]
-    seen_dirs: set[int] = set()
-    files: dict[int, Node] = {}
-    while stack:
-        d = stack.pop()
-        if id(d) in seen_dirs:
-            continue
-        seen_dirs.add(id(d))
-        for child in d.children.values():
-            if isinstance(child, DirNode):
-                stack.append(child)
-            else:
-                counts[id(child)] = counts.get(id(child), 0) + 1
-                files[id(child)] = child
-    for key, node in files.items():
-        node.links = counts[key]
+def _attach(parent: DirNode, name: str, node: Node) -> None:
+    parent.children[name] = node
+    if isinstance(node, BlobNode):
+        node.links += 1  # a blob node is shared by every place that shows it, in one build
 
 
 class _Clash(Exception):
