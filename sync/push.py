@@ -397,7 +397,7 @@ class Pusher:
             else:
                 response = await self._put_parts(blob, session)
         except BaseException:
-            with trio.CancelScope(shield=True), contextlib.suppress(SyncError):
+            with trio.move_on_after(10, shield=True), contextlib.suppress(SyncError):
                 # Cancel the upload session, so no half upload is left behind.
                 await self._request("DELETE", session[-1], f"cancelling the upload of {d}")
             raise
