@@ -269,9 +269,16 @@ class _Sources:
 async def in_thread(fn: Callable[..., T], *args: Any, stop: threading.Event) -> T:
     """Run `fn` in a worker thread. On cancellation, set `stop` (which `fn` polls) and wait
     for the thread to return before unwinding, so no thread outlives the files it uses."""
+    lock = threading.Lock()
+    started = cancelled = False
     finished = threading.Event()
 
     def run() -> T:
+        nonlocal started
+        with lock:
+            if cancelled:  # cancelled while waiting for a thread: never start
+                raise Stopped()
+            started = True
         try:
             return fn(*args)
         finally:
@@ -281,11 +288,15 @@ async def in_thread(fn: Callable[..., T], *args: Any, stop: threading.Event) -> 
         return await trio.to_thread.run_sync(run, abandon_on_cancel=True)
     except trio.Cancelled:
         stop.set()
-        with trio.CancelScope(shield=True):
-            # The thread polls `stop` every POLL seconds; waiting in a thread of our own
-            # would need a thread slot, which a cancelled, busy pool may not have.
-            while not finished.is_set():  # noqa: ASYNC110
-                await trio.sleep(0.01)
+        with lock:
+            cancelled = True
+            running = started
+        if running:
+            with trio.CancelScope(shield=True):
+                # The thread polls `stop` every POLL seconds. (Waiting for it in another
+                # thread would need a slot in a pool that may be full.)
+                while not finished.is_set():  # noqa: ASYNC110
+                    await trio.sleep(0.01)
         raise
 
 

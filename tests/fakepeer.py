@@ -200,6 +200,11 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         pass
 
+    def handle(self) -> None:
+        # A client that hangs up (a cancelled or killed pull) is not worth a traceback.
+        with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+            super().handle()
+
     # -- plumbing ---------------------------------------------------------------------------
     def _send(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
         self.send_response(status)
