@@ -176,14 +176,19 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
     if not args.verbose:
         logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
-    root = args.store
-    if root is not None and not root.exists():
-        root.mkdir(parents=True)  # a pull may start a store, as `ollama pull` does
-    root = find_store_root(root)
     sources = [u.rstrip("/") for u in args.sources]
     for url in sources:
-        if not url.startswith(("http://", "https://")) or "://" not in url[:8]:
+        if not url.startswith(("http://", "https://")):
             raise UserError(f"--from {url!r}: expected http://HOST[:PORT] or https://HOST[:PORT]")
+    authorization = read_credentials(args.token_file)
+    try:
+        root = find_store_root(args.store)
+    except StoreError:
+        # A pull may start a store where there is none yet, as `ollama pull` does.
+        env = os.environ.get("OLLAMA_MODELS", "").strip().strip("\"'")
+        fresh = args.store or (Path(env) if env else Path.home() / ".ollama" / "models")
+        fresh.expanduser().mkdir(parents=True, exist_ok=True)
+        root = find_store_root(fresh)
     progress: Progress
     if args.json:
         progress = JsonProgress(sys.stdout)
@@ -201,7 +206,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
             sources,
             options=options,
             progress=progress,
-            authorization=read_credentials(args.token_file),
+            authorization=authorization,
         )
     except (StoreError, SyncError) as exc:
         progress.error(_one_line(str(exc)))

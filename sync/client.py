@@ -8,13 +8,15 @@
 Manifests and small blobs go through the shared `httpx.AsyncClient` (sync.http.make_client):
 connection pooling, redirects, TLS and every HTTP oddity are httpx's. The bytes of large
 blobs do not: `open_range` speaks just enough HTTP/1.1 on a blocking socket to send one
-ranged GET and `recv_into` the body straight into the caller's buffer, in a worker thread.
-Measured on this project's 2-vCPU machine (research/limits.md §5, and again here with
-tests/fakepeer.py on loopback): httpx streaming a 1 GiB body plus hashing and writing runs at
-0.1-0.4 GB/s and burns 3-7 s of CPU, nearly all of it Python-level rechunking in the one
-event-loop thread; `recv_into` + `pwrite` in threads runs at 1 GB/s on ~1 s of CPU, leaving
-a core for sha256. A response the small client does not understand (chunked, compressed, no
-Content-Length) raises `NeedsHttpx`, and the caller fetches that range with httpx instead.
+ranged GET (following redirects, keeping the connection alive for the next range) and hands
+back a `RangeBody` whose `readinto` receives straight into the caller's buffer, in a worker
+thread. Measured on this project's 2-vCPU machine (research/limits.md §5, and again with
+tests/fakepeer.py on loopback): httpx streaming a 1 GiB body plus hashing and writing runs
+at 0.1-0.4 GB/s on 3-7 s of CPU, nearly all of it Python-level rechunking in the one
+event-loop thread; `recv_into` in a thread runs at the wire's speed on ~0.2 s of CPU per
+GiB, which leaves a core for sha256 (sync.pull). A response the small client does not
+understand (chunked, compressed, no Content-Length) raises `NeedsHttpx`, and the caller
+fetches that range with httpx instead.
 
 Every failure is a `sync.errors` class with a one-line message that names the peer's URL:
 PeerAuthError (401/403), PeerNotFoundError (404), PeerLiedError (bytes that do not match
@@ -43,6 +45,7 @@ from store.manifest import MAX_MANIFEST_BYTES, MEDIA_LIST
 from store.names import Name
 from sync.errors import PeerError, PeerLiedError, PeerNotFoundError, PeerUnreachableError
 from sync.http import READ_TIMEOUT, USER_AGENT, mapped_errors, raise_for_status
+from sync.partial import Stopped
 from sync.protocol import DIGEST_HEADER, MANIFEST_ACCEPT
 
 log = logging.getLogger(__name__)
@@ -59,10 +62,6 @@ class TruncatedBodyError(PeerLiedError):
 
 class NeedsHttpx(Exception):
     """A response the raw receiver does not handle; fetch this range with httpx."""
-
-
-class Stopped(Exception):
-    """The transfer was asked to stop (cancellation, or a sibling failed)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -391,7 +390,8 @@ class PeerClient:
                 conn = None
             lines = [
                 f"GET {target} HTTP/1.1",
-                f"Host: {host}" + ("" if port in (80, 443) else f":{port}"),
+                f"Host: {f'[{host}]' if ':' in host else host}"
+                + ("" if port in (80, 443) else f":{port}"),
                 f"User-Agent: {USER_AGENT}",
                 "Accept-Encoding: identity",
                 f"Range: bytes={start}-{end - 1}",

@@ -16,6 +16,10 @@ only bytes that were fdatasync'd before it was written, so a power cut cannot ma
 bytes the file lost. It is a hint, not a proof: the whole blob is hashed again from byte 0
 before it is renamed into `blobs/`.
 
+Writes go through `PartialBlob.write`: O_DIRECT for the block-aligned part (from the
+page-aligned buffers of an `AlignedPool`), an ordinary pwrite for the rest, or everything
+where the filesystem refuses O_DIRECT (tmpfs).
+
 Nothing here imports trio or httpx; the executor in sync.pull drives it from threads.
 """
 
@@ -26,11 +30,12 @@ import ctypes
 import errno
 import json
 import logging
+import mmap
 import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from store.digest import Digest
 from store.layout import Layout
@@ -40,6 +45,10 @@ log = logging.getLogger(__name__)
 SIDECAR_VERSION = 1
 LOCK_STALE = 120.0  # seconds without a heartbeat after which another host may take over
 HOST = socket.gethostname()
+
+
+class Stopped(Exception):
+    """A transfer was asked to stop (cancellation, or a sibling failed)."""
 
 
 class BlobBusyError(Exception):
@@ -87,6 +96,15 @@ class RangeSet:
     def total(self) -> int:
         return sum(b - a for a, b in self._r)
 
+    def end_of(self, pos: int) -> int | None:
+        """The end of the range that holds byte `pos`, or None."""
+        for a, b in self._r:
+            if a <= pos < b:
+                return b
+            if a > pos:
+                break
+        return None
+
     def missing(self, size: int) -> list[tuple[int, int]]:
         """The gaps in [0, size)."""
         gaps, pos = [], 0
@@ -116,6 +134,49 @@ def split(ranges: list[tuple[int, int]], chunk: int) -> list[tuple[int, int]]:
             out.append((a, min(b, a + chunk)))
             a += chunk
     return out
+
+
+def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
+
+
+ALIGN = 4096  # O_DIRECT offsets, lengths and buffer addresses are multiples of this
+
+
+class AlignedPool:
+    """A fixed number of page-aligned buffers (anonymous mmaps), handed out and returned.
+
+    The count bounds the memory of a transfer; `get` blocks (polling `stop`) while all are
+    out. Buffers are reused for the life of the pool, so their pages are touched once.
+    """
+
+    def __init__(self, count: int, size: int) -> None:
+        self.size = -(-size // ALIGN) * ALIGN
+        self._free = [mmap.mmap(-1, self.size) for _ in range(count)]
+        self._cond = threading.Condition()
+
+    def get(self, stop: threading.Event, *, last: Callable[[], bool] | None = None) -> mmap.mmap:
+        """A free buffer. The last free one only goes to a caller for whom `last()` is true
+        (the receiver the hash is waiting on), so receivers running ahead cannot take every
+        buffer and starve the one whose bytes would free them."""
+        with self._cond:
+            while not (len(self._free) > 1 or (self._free and (last is None or last()))):
+                if stop.is_set():
+                    raise Stopped()
+                self._cond.wait(0.05)
+            return self._free.pop()
+
+    def grow(self, count: int) -> None:
+        with self._cond:
+            self._free.extend(mmap.mmap(-1, self.size) for _ in range(count))
+            self._cond.notify(count)
+
+    def put(self, buf: mmap.mmap) -> None:
+        with self._cond:
+            self._free.append(buf)
+            self._cond.notify()
 
 
 # -- writeback hint ---------------------------------------------------------------------------
@@ -167,6 +228,7 @@ class PartialBlob:
         self.sidecar = layout.tmp / f"{stem}.json"
         self.lock_path = layout.tmp / f"{stem}.lock"
         self.fd = -1
+        self.dfd = -1  # the same file opened O_DIRECT, where the filesystem allows it
         self.done = RangeSet()
         self.resumed = 0  # bytes found finished at open
         self._saved = RangeSet()
@@ -191,8 +253,12 @@ class PartialBlob:
                 continue
             try:
                 os.write(fd, body)
-            finally:
+            except BaseException:
                 os.close(fd)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.lock_path)  # a full disk: no empty lock left behind
+                raise
+            os.close(fd)
             return
         raise BlobBusyError("another process (lock keeps changing hands)")
 
@@ -211,7 +277,9 @@ class PartialBlob:
             if pid != os.getpid() and _pid_alive(pid):
                 return f"pid {pid}"
             return None
-        if st is not None and time.time() - st.st_mtime < LOCK_STALE:
+        # Written right after it is created, so one that says nothing for long is dead.
+        patience = LOCK_STALE if host else 10.0
+        if st is not None and time.time() - st.st_mtime < patience:
             return f"pid {pid} on {host}" if host else "another process"
         return None
 
@@ -263,6 +331,7 @@ class PartialBlob:
                 if os.fstat(fd).st_size == self.size:
                     self.fd, self.done, self._saved = fd, done, RangeSet(done.as_list())
                     self.resumed = done.total()
+                    self._open_direct()
                     log.debug(
                         "resuming %s: %d of %d bytes on disk", self.digest, self.resumed, self.size
                     )
@@ -288,6 +357,37 @@ class PartialBlob:
             raise
         self.fd = fd
         self.done, self._saved, self.resumed = RangeSet(), RangeSet(), 0
+        self._open_direct()
+
+    def _open_direct(self) -> None:
+        # O_DIRECT: the bytes go from our receive buffer to the disk, with no page-cache
+        # pages to allocate, fill and later write back (on this project's VM, buffered
+        # writes of a fresh GiB cost 0.2-3.5 s of CPU, direct ones ~0.05 s). tmpfs and some
+        # network filesystems refuse it; then every write is an ordinary one.
+        flag = getattr(os, "O_DIRECT", 0)
+        if not flag:
+            return
+        try:
+            self.dfd = os.open(self.path, os.O_WRONLY | flag)
+        except OSError:
+            self.dfd = -1
+
+    def write(self, view: memoryview, offset: int) -> None:
+        """Write `view` at `offset`: O_DIRECT for the block-aligned part when `view` starts
+        a page-aligned buffer (see `AlignedPool`), an ordinary pwrite for the rest."""
+        if self.dfd >= 0 and offset % ALIGN == 0:
+            aligned = len(view) - len(view) % ALIGN
+            if aligned:
+                try:
+                    _pwrite_all(self.dfd, view[:aligned], offset)
+                    view, offset = view[aligned:], offset + aligned
+                except OSError as exc:
+                    if exc.errno != errno.EINVAL:
+                        raise
+                    # A buffer or device the kernel will not do direct I/O with: stop trying.
+                    os.close(self.dfd)
+                    self.dfd = -1
+        _pwrite_all(self.fd, view, offset)
 
     # -- progress on disk -----------------------------------------------------------------------
     def checkpoint(self, done: RangeSet) -> None:
@@ -340,6 +440,9 @@ class PartialBlob:
         self._open_file()
 
     def close(self) -> None:
+        if self.dfd >= 0:
+            os.close(self.dfd)
+            self.dfd = -1
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1

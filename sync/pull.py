@@ -18,16 +18,23 @@ For each name, in order:
    - small ones (under `small_max`, 8 MiB) whole, through httpx, hashed in memory, written to
      a temp file in `.modelfs/tmp/`, fsynced, renamed into `blobs/`;
    - larger ones through `sync.partial.PartialBlob` (a preallocated temp file, a sidecar of
-     finished byte ranges, a lock), in `chunk`-sized ranged GETs (32 MiB): one connection
-     below `parallel_min` (256 MiB), `workers` (4) connections in parallel above it, each
-     `recv_into` a buffer and `pwrite` at its offset in a worker thread. A hasher thread
-     follows the contiguous prefix from byte 0 (the ranges are handed out in order, so the
-     prefix grows steadily and the hash finishes right after the last byte), reading it
-     back from the page cache; writeback is started as data lands and the sidecar is
-     checkpointed (fdatasync, then the sidecar) every second. When the sha256 matches, the
-     file is fsynced and renamed into `blobs/` with a fresh mtime; when it does not, the
-     temp file is deleted. After an interruption (kill -9 included) the next run resumes:
-     only ranges the sidecar does not list are fetched, with `Range`.
+     finished byte ranges, a lock). A receiver thread sends a ranged GET on a plain socket
+     (`PeerClient.open_range`) and `recv_into`s page-aligned pool buffers of `chunk` bytes
+     (16 MiB); each full buffer goes to two places at once: a writer thread, which writes
+     it with O_DIRECT at its offset (no page cache to fill and write back; an ordinary
+     pwrite where the filesystem refuses O_DIRECT), and the hasher thread, which feeds
+     buffers to sha256 strictly in order. Nothing is read back, except bytes a previous run
+     left on disk. One connection asks for the rest of the blob in one GET; blobs from
+     `parallel_min` (256 MiB) on are asked for in chunk-sized ranges, handed out in order,
+     and up to `workers` (4) connections share them, a new one opened whenever the hasher
+     spent over half of the last half second waiting for bytes (so on loopback or a LAN,
+     where one stream outruns sha256, one stream it stays). The pool (connections + 3
+     buffers) bounds the memory and how far receivers run ahead of the hash. Every second
+     the progress is made durable (fdatasync, then the sidecar). When the last byte is
+     written the file is fsynced; when the sha256 matches it is renamed into `blobs/` with a
+     fresh mtime; when it does not, the temp file is deleted. After an interruption (kill
+     -9 included) the next run resumes: only ranges the sidecar does not list are fetched,
+     with `Range`, and what is on disk is hashed again from byte 0.
 3. **Manifests, last**, each only once every blob it names is present with the right size,
    written atomically (temp file in `.modelfs/tmp/`, fsync, rename), byte for byte:
    - a plain manifest: `manifests/<host>/<ns>/<model>/<tag>`, the legacy file every Ollama
@@ -54,10 +61,13 @@ from __future__ import annotations
 import base64
 import contextlib
 import errno
+import functools
 import hashlib
 import json
 import logging
+import mmap
 import os
+import queue
 import stat
 import threading
 import time
@@ -81,15 +91,14 @@ from store.manifest import (
     go_marshal,
     parse_manifest,
 )
-from store.names import Name, parse_name
-from store.scan import DEFAULT_PREFER, scan_store
+from store.names import Name, name_from_path_parts, parse_name
+from store.scan import DEFAULT_PREFER
 from sync import progress as P
 from sync.client import (
     Conn,
     FetchedManifest,
     NeedsHttpx,
     PeerClient,
-    Stopped,
     TruncatedBodyError,
     repositories,
 )
@@ -104,12 +113,22 @@ from sync.errors import (
 )
 from sync.http import READ_TIMEOUT, make_client, mapped_errors, raise_for_status
 from sync.ocirepr import decode_list, parse_carrier
-from sync.partial import BlobBusyError, PartialBlob, RangeSet, split, start_writeback
+from sync.partial import (
+    ALIGN,
+    AlignedPool,
+    BlobBusyError,
+    PartialBlob,
+    RangeSet,
+    Stopped,
+    split,
+    start_writeback,
+)
 
 log = logging.getLogger(__name__)
 
 MiB = 1 << 20
 T = TypeVar("T")
+WRITERS = 2  # threads writing one blob: two direct writes in flight keep a disk busy
 
 
 @dataclass(frozen=True)
@@ -118,10 +137,10 @@ class PullOptions:
     all_variants: bool = False
     read_timeout: float = READ_TIMEOUT
     small_max: int = 8 * MiB  # blobs below this are fetched whole, in memory
-    parallel_min: int = 256 * MiB  # blobs from this size on use `workers` connections
-    workers: int = 4
-    chunk: int = 32 * MiB  # one ranged GET
-    buffer: int = 4 * MiB  # per connection; one pwrite
+    parallel_min: int = 256 * MiB  # blobs from this size on may use several connections:
+    workers: int = 4  # up to this many,
+    parallel_below: float = 256e6  # when one brings less than this many bytes/s
+    chunk: int = 16 * MiB  # one receive buffer; one ranged GET when several connections
     max_blobs: int = 4  # blobs in flight at once
     checkpoint_every: float = 1.0
     rounds: int = 2  # tries per source and blob, for transient failures
@@ -163,10 +182,14 @@ def _runner_of(runner: str | None, fmt: str | None) -> str:
 
 
 def select_children(lst: ManifestList, prefer: Sequence[str], all_variants: bool) -> list[int]:
-    """Indexes of the children to pull: all, or the single best by `prefer` (list order
-    breaks ties; a runner not in `prefer` ranks after every one that is)."""
-    if all_variants:
-        return list(range(len(lst.children)))
+    """Indexes of the children to pull, best first: all of them, or the single best by
+    `prefer` (list order breaks ties; a runner not in `prefer` ranks after every one that is)."""
+    ranked = rank_children(lst, prefer)
+    return ranked if all_variants else ranked[:1]
+
+
+def rank_children(lst: ManifestList, prefer: Sequence[str]) -> list[int]:
+    """Every child's index, in the order a pull would want them by `prefer`."""
     order = [p.lower() for p in prefer]
 
     def rank(i: int) -> tuple[int, int]:
@@ -174,7 +197,7 @@ def select_children(lst: ManifestList, prefer: Sequence[str], all_variants: bool
         r = _runner_of(c.runner, c.format)
         return (order.index(r) if r in order else len(order), i)
 
-    return [min(range(len(lst.children)), key=rank)] if lst.children else []
+    return sorted(range(len(lst.children)), key=rank)
 
 
 def _is_gguf(runner: str | None, fmt: str | None, manifest: Manifest) -> bool:
@@ -210,6 +233,39 @@ def _child_media_type(list_raw: bytes, index: int) -> str:
     except (ValueError, LookupError, AttributeError):
         value = None
     return value if isinstance(value, str) and value else MEDIA_MANIFEST
+
+
+def existing_name(layout: Layout, name: Name) -> tuple[Name | None, bool]:
+    """The spelling a store already has for `name` (each part matched case-insensitively, as
+    Ollama's getExistingName), and whether that is a `manifests-v2/` entry (which hides the
+    legacy file). Looks only along the name's own path, not at the whole store."""
+    trees = (
+        (layout.manifests_v2, name.v2_parts(), True),
+        (layout.manifests, name.legacy_parts(), False),
+    )
+    for root, parts, v2 in trees:
+        path, found = root, []
+        for part in parts:
+            try:
+                entries = sorted(os.listdir(path))
+            except OSError:
+                break
+            hit = (
+                part
+                if part in entries
+                else next((e for e in entries if e.lower() == part.lower()), None)
+            )
+            if hit is None:
+                break
+            path = path / hit
+            found.append(hit)
+        else:
+            if path.is_file():
+                try:
+                    return name_from_path_parts(found, v2=v2), v2
+                except StoreError:
+                    pass
+    return None, False
 
 
 # -- errors -----------------------------------------------------------------------------------
@@ -301,32 +357,109 @@ async def in_thread(fn: Callable[..., T], *args: Any, stop: threading.Event) -> 
 
 
 # -- one large blob in flight -----------------------------------------------------------------
-class _Transfer:
-    """Shared state of one large blob's attempt from one peer: what is on disk, what is
-    still to fetch, the first error, and the stop flag every thread polls."""
+@dataclass(eq=False)
+class _Segment:
+    """Bytes [start, start + length) of the blob in a pool buffer, on their way to the disk
+    and to the hash; the buffer goes back to the pool when both are done with it."""
 
-    def __init__(self, partial: PartialBlob, pieces: list[tuple[int, int]]) -> None:
+    start: int
+    length: int
+    buf: mmap.mmap
+    refs: int = 2
+
+
+@dataclass(eq=False)
+class _Piece:
+    """A byte range one connection is fetching. `end` may be pulled in (under the transfer's
+    lock) when the rest is split among more connections; `pos` is where it is now."""
+
+    start: int
+    end: int
+    pos: int = -1
+
+
+class _Transfer:
+    """Shared state of one large blob's attempt from one peer.
+
+    Receivers (one per connection) fill page-aligned pool buffers, one `_Segment` at a
+    time, and hand each to the writers (O_DIRECT pwrite, `write_q`) and to the hasher
+    (`ready`, by offset); the hasher consumes segments strictly in order. Ranges are handed
+    out in order too, so the hasher never waits long, and the pool's size bounds how far the
+    receivers can run ahead of it.
+    """
+
+    def __init__(
+        self, partial: PartialBlob, pieces: list[tuple[int, int]], pool: AlignedPool
+    ) -> None:
         self.partial = partial
         self.size = partial.size
-        self.done = RangeSet(partial.done.as_list())
-        self.todo = list(pieces)
+        self.on_disk = RangeSet(partial.done.as_list())  # from before this attempt
+        self.done = RangeSet(partial.done.as_list())  # on disk now
+        self.todo = [_Piece(a, b, a) for a, b in pieces]
+        self.active: list[_Piece] = []
+        self.pool = pool
         self.cond = threading.Condition()
         self.stop = threading.Event()
         self.error: BaseException | None = None
-        self.hashed = 0
-        self.fetched = 0  # bytes received in this attempt
+        self.ready: dict[int, _Segment] = {}
+        self.write_q: queue.Queue[_Segment | None] = queue.Queue()
+        self.hash_wait = 0.0  # seconds the hasher spent waiting for bytes
 
-    def take(self) -> tuple[int, int] | None:
+    def take(self) -> _Piece | None:
         with self.cond:
             if self.stop.is_set() or not self.todo:
                 return None
-            return self.todo.pop(0)
+            piece = self.todo.pop(0)
+            self.active.append(piece)
+            return piece
 
-    def wrote(self, start: int, end: int) -> None:
+    def finished(self, piece: _Piece) -> None:
         with self.cond:
-            self.done.add(start, end)
-            self.fetched += end - start
+            self.active.remove(piece)
+
+    def is_head(self, piece: _Piece) -> bool:
+        """True if `piece` is the active range furthest behind: the hash waits on it."""
+        with self.cond:
+            return all(piece.pos <= p.pos or p.pos < 0 for p in self.active)
+
+    def make_room(self) -> bool:
+        """Work for one more connection: a range not yet started, or else the far end of the
+        range with the most left, cut off in chunk-sized ranges. False if too little is left."""
+        size = self.pool.size
+        with self.cond:
+            if self.todo:
+                return True
+            piece = max(self.active, key=lambda p: p.end - p.pos, default=None)
+            if piece is None:
+                return False
+            cut = max(piece.pos, piece.start) + 2 * size
+            if piece.end - cut < 2 * size:
+                return False
+            self.todo = [_Piece(a, b, a) for a, b in split([(cut, piece.end)], size)]
+            piece.end = cut
+            return True
+
+    def submit(self, seg: _Segment, *, hash_it: bool = True) -> None:
+        if hash_it:
+            with self.cond:
+                self.ready[seg.start] = seg
+                self.cond.notify_all()
+        else:
+            seg.refs -= 1
+        self.write_q.put(seg)
+
+    def written(self, seg: _Segment) -> None:
+        with self.cond:
+            self.done.add(seg.start, seg.start + seg.length)
             self.cond.notify_all()
+        self.release(seg)
+
+    def release(self, seg: _Segment) -> None:
+        with self.cond:
+            seg.refs -= 1
+            free = seg.refs == 0
+        if free:
+            self.pool.put(seg.buf)
 
     def fail(self, exc: BaseException) -> None:
         with self.cond:
@@ -343,22 +476,18 @@ class _Transfer:
         with self.cond:
             return self.done.total()
 
-    def wait_prefix(self, beyond: int) -> int:
-        """Block until bytes past `beyond` from 0 are on disk; raise Stopped on stop."""
+    def segment_at(self, pos: int) -> _Segment:
+        """Block until the segment that starts at `pos` has arrived; Stopped on stop."""
         with self.cond:
-            while True:
-                prefix = self.done.prefix()
-                if prefix > beyond:
-                    return prefix
-                if self.stop.is_set():
-                    raise Stopped()
-                self.cond.wait(0.25)
-
-
-def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
-    while view:
-        n = os.pwrite(fd, view, offset)
-        view, offset = view[n:], offset + n
+            t0 = time.monotonic()
+            try:
+                while (seg := self.ready.pop(pos, None)) is None:
+                    if self.stop.is_set():
+                        raise Stopped()
+                    self.cond.wait(0.25)
+                return seg
+            finally:
+                self.hash_wait += time.monotonic() - t0
 
 
 # -- the puller -------------------------------------------------------------------------------
@@ -420,11 +549,9 @@ class Puller:
     # -- the whole model ----------------------------------------------------------------------
     async def pull_one(self, text: str) -> ModelResult:
         name = parse_name(text)
-        index = await trio.to_thread.run_sync(scan_store, self.layout)
-        existing = index.entries.get(name.key)
+        existing, had_v2 = await trio.to_thread.run_sync(existing_name, self.layout, name)
         if existing is not None:
-            name = existing.name  # keep the store's spelling, as Ollama's getExistingName
-        had_v2 = existing is not None and existing.source == "v2"
+            name = existing  # keep the store's spelling, as Ollama's getExistingName
         label = name.shortest
         self.progress.status(label, P.PULLING_MANIFEST)
         log.debug("%s: asking %s", label, ", ".join(p.url for p in self.peers))
@@ -434,17 +561,33 @@ class Puller:
         result = ModelResult(label, top.digest)
         children: list[tuple[int, FetchedManifest | None, Manifest]] = []
         if isinstance(parsed, ManifestList):
-            for i in select_children(parsed, self.options.prefer, self.options.all_variants):
+            # The best child by `prefer` (or every child) that some peer has: a peer that
+            # pulled one variant serves a list naming children it does not hold.
+            absent: list[tuple[int, SyncError]] = []
+            for i in rank_children(parsed, self.options.prefer):
                 child = parsed.children[i]
                 if child.inline is not None:
                     children.append((i, None, child.inline))
-                    continue
-                fetched, manifest = await self._manifest(name, child.digest, peers, child.digest)
-                if isinstance(manifest, ManifestList):
-                    raise PeerError(f"{fetched.url}: manifest list {top.digest} nests a list")
-                children.append((i, fetched, manifest))
+                else:
+                    try:
+                        fetched, manifest = await self._manifest(
+                            name, child.digest, peers, child.digest
+                        )
+                    except PeerNotFoundError as exc:
+                        absent.append((i, exc))
+                        continue
+                    if isinstance(manifest, ManifestList):
+                        raise PeerError(f"{fetched.url}: manifest list {top.digest} nests a list")
+                    children.append((i, fetched, manifest))
+                if not self.options.all_variants:
+                    break
             if not children:
+                if absent:
+                    raise absent[0][1]
                 raise PeerError(f"{top.url}: manifest list for {label} has no children")
+            for i, exc in absent:
+                runner = parsed.children[i].runner or "?"
+                log.warning("%s: no peer has its %s variant (%s); skipped", label, runner, exc)
             manifests = [m for _, _, m in children]
         else:
             manifests = [parsed]
@@ -601,7 +744,7 @@ class Puller:
                     self.progress.blob(label, digest, size, 0)
                     await self._fetch_blob(name, digest, size, peers, result, live)
                     self.progress.blob(label, digest, size, size)
-            except (SyncError, StoreError) as exc:
+            except Exception as exc:  # the first failure ends the model's pull
                 failure.append(exc)
                 nursery.cancel_scope.cancel()
 
@@ -709,14 +852,20 @@ class Puller:
         partial = await self._open_partial(digest, size)
         if partial is None:
             return
+        opts = self.options
+        workers = opts.workers if size >= opts.parallel_min else 1
+        pool = AlignedPool(4, min(opts.chunk, size))
         retried_clean = False
         try:
             while (peer := sources.next()) is not None:
                 resumed = partial.resumed
-                transfer = _Transfer(partial, split(partial.done.missing(size), self.options.chunk))
+                gaps = partial.done.missing(size)
+                # One GET for each gap; a connection that joins later takes the far end of
+                # one, cut in chunk-sized ranges (`_Transfer.make_room`).
+                transfer = _Transfer(partial, gaps, pool)
                 live[digest] = transfer.completed
                 try:
-                    got = await self._attempt(name, peer, transfer)
+                    got = await self._attempt(name, peer, transfer, workers)
                 except SyncError as exc:
                     if isinstance(exc, LocalWriteError):
                         raise
@@ -763,26 +912,26 @@ class Puller:
         with contextlib.suppress(FileNotFoundError):
             partial.sidecar.unlink()
 
-    async def _attempt(self, name: Name, peer: PeerClient, t: _Transfer) -> str | None:
-        """Fetch what `t` lacks from `peer`; the sha256 hex of the whole file when every byte
-        is there, or raise the first error (its progress checkpointed for a later resume)."""
+    async def _attempt(self, name: Name, peer: PeerClient, t: _Transfer, workers: int) -> str:
+        """Fetch what `t` lacks from `peer`. Returns the sha256 hex of the whole file once
+        every byte is on disk and fsynced; raises the first error otherwise, after making
+        what did arrive durable (fdatasync + sidecar) for a later resume."""
         opts = self.options
         partial = t.partial
-        workers = opts.workers if t.size >= opts.parallel_min else 1
-        fetched_all = trio.Event()
+        writes_done = trio.Event()
         digest_hex: list[str] = []
 
-        async def worker() -> None:
+        async def receiver() -> None:
             conn: Conn | None = None
             try:
                 while (piece := t.take()) is not None:
                     try:
                         conn = await in_thread(
-                            self._fetch_piece, peer, name, t, piece, conn, stop=t.stop
+                            self._receive, peer, name, t, piece, conn, stop=t.stop
                         )
                     except NeedsHttpx:
                         conn = None
-                        await self._fetch_piece_httpx(peer, name, t, piece)
+                        await self._receive_httpx(peer, name, t, piece)
             except Stopped:
                 pass
             except Exception as exc:
@@ -790,6 +939,64 @@ class Puller:
             finally:
                 if conn is not None:
                     conn.close()
+
+        running = 0
+        growing = trio.CancelScope()
+
+        async def tracked_receiver() -> None:
+            nonlocal running
+            running += 1
+            try:
+                await receiver()
+            finally:
+                running -= 1
+                if running == 0:
+                    growing.cancel()  # nothing left to share
+
+        async def more_receivers(receivers: trio.Nursery, most: int) -> None:
+            with growing:
+                await grow(receivers, most)
+
+        async def grow(receivers: trio.Nursery, most: int) -> None:
+            # Another connection only helps when one connection is what we wait for: open
+            # one more (up to `most`) when, over the last half second, the hasher spent over
+            # half its time waiting for bytes and they came slower than `parallel_below`
+            # (a per-connection limit, a long fat pipe). On loopback or a LAN one stream
+            # does better than several (each range is another request), so it stays one.
+            # A connection that did not make things 10% faster is the last one opened.
+            count = 1
+            last_wait, last, last_bytes = t.hash_wait, time.monotonic(), t.completed()
+            rate_before: float | None = None
+            while count < most:
+                await trio.sleep(0.5)
+                if t.stop.is_set():
+                    return
+                now, got = time.monotonic(), t.completed()
+                starved = (t.hash_wait - last_wait) / (now - last) > 0.5
+                rate = (got - last_bytes) / (now - last)
+                last_wait, last, last_bytes = t.hash_wait, now, got
+                if rate_before is not None and rate < rate_before * 1.1:
+                    return
+                if starved and rate < opts.parallel_below:
+                    if not t.make_room():
+                        return
+                    t.pool.grow(1)
+                    receivers.start_soon(tracked_receiver)
+                    count += 1
+                    rate_before = rate
+                    log.debug("%s: connection %d of %d", partial.digest, count, most)
+                    await trio.sleep(0.5)  # let it get going before judging it
+                    last_wait, last, last_bytes = t.hash_wait, time.monotonic(), t.completed()
+                else:
+                    rate_before = None
+
+        async def writer() -> None:
+            try:
+                await in_thread(self._writer, t, stop=t.stop)
+            except Stopped:
+                pass
+            except Exception as exc:
+                t.fail(exc)
 
         async def hasher() -> None:
             try:
@@ -800,35 +1007,49 @@ class Puller:
                 t.fail(exc)
 
         async def syncer() -> None:
-            # Keep writeback going while bytes arrive, make progress durable every second,
-            # and fsync once the last byte is written (while the hash catches up).
-            last = time.monotonic()
-            while not fetched_all.is_set():
-                with trio.move_on_after(0.1):
-                    await fetched_all.wait()
-                if t.stop.is_set():
-                    return
+            # Make progress durable every so often while bytes arrive (fdatasync, then the
+            # sidecar), and fsync once the last byte is written, while the hash catches up.
+            while not writes_done.is_set():
+                with trio.move_on_after(opts.checkpoint_every):
+                    await writes_done.wait()
+                if writes_done.is_set():
+                    break
                 await trio.to_thread.run_sync(start_writeback, partial.fd)
-                if time.monotonic() - last >= opts.checkpoint_every:
-                    last = time.monotonic()
+                try:
                     await trio.to_thread.run_sync(partial.checkpoint, t.snapshot())
-            try:
-                await trio.to_thread.run_sync(os.fsync, partial.fd)
-            except OSError as exc:
-                t.fail(_local_error(exc, self.layout, f"blob {partial.digest}"))
+                except OSError as exc:
+                    t.fail(_local_error(exc, self.layout, f"blob {partial.digest}"))
+                    return
+            if t.error is None:
+                try:
+                    await trio.to_thread.run_sync(os.fsync, partial.fd)
+                except OSError as exc:
+                    t.fail(_local_error(exc, self.layout, f"blob {partial.digest}"))
 
         complete = False
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(hasher)
                 nursery.start_soon(syncer)
-                async with trio.open_nursery() as pool:
-                    for _ in range(workers):
-                        pool.start_soon(worker)
-                if t.error is None:
-                    fetched_all.set()
+                async with trio.open_nursery() as io:
+                    for _ in range(WRITERS):
+                        io.start_soon(writer)
+                    async with trio.open_nursery() as receivers:
+                        receivers.start_soon(tracked_receiver)
+                        if workers > 1:
+                            receivers.start_soon(more_receivers, receivers, workers)
+                    for _ in range(WRITERS):
+                        t.write_q.put(None)
+                writes_done.set()
             complete = t.error is None and bool(digest_hex)
         finally:
+            # Segments the hasher never took (it stopped): their buffers go back to the pool,
+            # which the next attempt reuses.
+            with t.cond:
+                leftovers = list(t.ready.values())
+                t.ready.clear()
+            for seg in leftovers:
+                t.release(seg)
             partial.done = t.snapshot()
             if not complete:
                 # Interrupted, cancelled or failed: make what arrived durable for a resume.
@@ -843,65 +1064,88 @@ class Puller:
             raise PeerError(f"{peer.url}: blob {partial.digest} incomplete")
         return digest_hex[0]
 
-    def _fetch_piece(
+    def _receive(
         self,
         peer: PeerClient,
         name: Name,
         t: _Transfer,
-        piece: tuple[int, int],
+        piece: _Piece,
         conn: Conn | None,
     ) -> Conn | None:
-        """One ranged GET into the file (blocking, in a worker thread)."""
-        start, end = piece
-        partial = t.partial
-        body = peer.open_range(name, partial.digest, start, end, t.size, stop=t.stop, conn=conn)
-        buf = bytearray(min(self.options.buffer, end - start))
-        view = memoryview(buf)
-        pos = start
+        """One ranged GET, received into pool buffers, segment by segment (a thread)."""
         try:
-            while pos < end:
+            body = peer.open_range(
+                name, t.partial.digest, piece.start, piece.end, t.size, stop=t.stop, conn=conn
+            )
+        except NeedsHttpx:
+            raise  # the piece stays active: `_receive_httpx` takes it over
+        except BaseException:
+            t.finished(piece)
+            raise
+        pos = piece.start
+        try:
+            while True:
+                with t.cond:
+                    piece.pos, end = pos, piece.end
+                if pos >= end:
+                    break
+                buf = t.pool.get(t.stop, last=lambda: t.is_head(piece))
+                view = memoryview(buf)
                 limit = min(len(buf), end - pos)
                 filled = 0
                 try:
                     while filled < limit:
                         filled += body.readinto(view[filled:limit])
+                except BaseException:
+                    # What arrived before the failure is as good as any byte: keep the
+                    # block-aligned part of it (the rest is asked for again).
+                    keep = filled - filled % ALIGN
+                    if keep:
+                        t.submit(_Segment(pos, keep, buf), hash_it=False)
+                    else:
+                        t.pool.put(buf)
+                    raise
                 finally:
-                    # On a failure, what arrived before it is as good as any byte: keep it.
-                    if filled:
-                        self._write(partial, view[:filled], pos)
-                        t.wrote(pos, pos + filled)
-                        pos += filled
+                    view.release()
+                t.submit(_Segment(pos, filled, buf))
+                pos += filled
         except BaseException:
             body.conn.close()
             raise
-        return body.release()
+        finally:
+            t.finished(piece)
+        return body.release()  # closed, not kept, if the range was cut short
 
-    def _write(self, partial: PartialBlob, view: memoryview, offset: int) -> None:
-        try:
-            _pwrite_all(partial.fd, view, offset)
-        except OSError as exc:
-            raise _local_error(exc, self.layout, f"blob {partial.digest}") from None
-
-    async def _fetch_piece_httpx(
-        self, peer: PeerClient, name: Name, t: _Transfer, piece: tuple[int, int]
+    async def _receive_httpx(
+        self, peer: PeerClient, name: Name, t: _Transfer, piece: _Piece
     ) -> None:
-        """The same range through httpx, for responses the raw receiver does not take."""
-        start, end = piece
-        partial = t.partial
-        what = f"blob {partial.digest}"
-        url = peer.blob_url(repositories(name)[0], partial.digest)
+        """The same range through httpx, for answers the raw receiver does not take (it is
+        not cut short for another connection)."""
+        try:
+            await self._receive_httpx_range(peer, name, t, piece.start, piece.end)
+        finally:
+            t.finished(piece)
+
+    async def _receive_httpx_range(
+        self, peer: PeerClient, name: Name, t: _Transfer, start: int, end: int
+    ) -> None:
+        what = f"blob {t.partial.digest}"
+        url = peer.blob_url(repositories(name)[0], t.partial.digest)
         headers = {"Range": f"bytes={start}-{end - 1}", "Accept-Encoding": "identity"}
         pos = start
-        pending = bytearray()
+        buf: mmap.mmap | None = None
+        filled = 0
 
-        async def flush() -> None:
-            nonlocal pos
-            if pending:
-                data = bytes(pending)
-                pending.clear()
-                await trio.to_thread.run_sync(self._write, partial, memoryview(data), pos)
-                t.wrote(pos, pos + len(data))
-                pos += len(data)
+        def flush(*, hash_it: bool = True) -> None:
+            nonlocal buf, filled, pos
+            if buf is not None:
+                keep = filled if hash_it else filled - filled % ALIGN
+                if keep:
+                    t.submit(_Segment(pos, keep, buf), hash_it=hash_it)
+                else:
+                    t.pool.put(buf)
+                pos += keep
+                buf, filled = None, 0
 
         try:
             with mapped_errors(peer.url, what):
@@ -910,40 +1154,79 @@ class Puller:
                     if response.status_code == 200 and start != 0:
                         raise PeerError(f"{url}: ignores Range requests; cannot resume {what}")
                     async for chunk in response.aiter_bytes():
-                        if t.stop.is_set():
-                            raise Stopped()
-                        take = chunk[: end - pos - len(pending)]
-                        pending += take
-                        if len(pending) >= self.options.buffer:
-                            await flush()
-                        if pos + len(pending) >= end:
+                        data = memoryview(chunk)
+                        while data and pos + filled < end:
+                            if buf is None:
+                                get = functools.partial(t.pool.get, last=lambda: True)
+                                buf = await in_thread(get, t.stop, stop=t.stop)
+                            n = min(len(data), len(buf) - filled, end - pos - filled)
+                            buf[filled : filled + n] = data[:n]
+                            filled += n
+                            data = data[n:]
+                            if filled == len(buf) or pos + filled == end:
+                                flush()
+                        if pos >= end:
                             break
-            await flush()
-        except PeerError as exc:
-            await flush()
-            if "incomplete" in str(exc).lower() or "peer closed" in str(exc).lower():
+        except BaseException as exc:
+            flush(hash_it=False)
+            if isinstance(exc, PeerError) and (
+                "incomplete" in str(exc).lower() or "peer closed" in str(exc).lower()
+            ):
                 raise TruncatedBodyError(
                     f"{url}: truncated body ({pos - start} of {end - start} bytes) "
                     f"while fetching {what}"
                 ) from None
             raise
         if pos < end:
+            flush(hash_it=False)
             raise TruncatedBodyError(
                 f"{url}: truncated body ({pos - start} of {end - start} bytes) "
                 f"while fetching {what}"
             )
 
+    def _writer(self, t: _Transfer) -> None:
+        """Write segments to the file as they come (a thread; runs until its None, or until
+        the transfer stops and nothing is left to write)."""
+        while True:
+            try:
+                seg = t.write_q.get(timeout=0.25)
+            except queue.Empty:
+                if t.stop.is_set():
+                    return
+                continue
+            if seg is None:
+                return
+            try:
+                if t.error is None or not isinstance(t.error, LocalWriteError):
+                    with memoryview(seg.buf) as view:
+                        t.partial.write(view[: seg.length], seg.start)
+                    t.written(seg)
+                    continue
+            except OSError as exc:
+                t.fail(_local_error(exc, self.layout, f"blob {t.partial.digest}"))
+            t.release(seg)
+
     def _hash(self, t: _Transfer) -> str:
-        """sha256 of the file from byte 0, following the prefix as it grows (a thread)."""
+        """sha256 of the blob from byte 0 (a thread): bytes already on disk from an earlier
+        run or attempt are read back, the rest is hashed from the receive buffers in order."""
         h = hashlib.sha256()
-        buf = bytearray(self.options.buffer)
         pos = 0
+        scratch: bytearray | None = None
         while pos < t.size:
-            upto = t.wait_prefix(pos)
-            for piece in t.partial.chunks(pos, upto, buf):
-                h.update(piece)
-            pos = upto
-            t.hashed = pos
+            end = t.on_disk.end_of(pos)
+            if end is not None:
+                scratch = scratch or bytearray(1 << 20)
+                for piece in t.partial.chunks(pos, end, scratch):
+                    h.update(piece)
+                    if t.stop.is_set():
+                        raise Stopped()
+                pos = end
+                continue
+            seg = t.segment_at(pos)
+            with memoryview(seg.buf) as view:
+                h.update(view[: seg.length])
+            pos += seg.length
+            t.release(seg)
         return h.hexdigest()
 
 
@@ -960,8 +1243,11 @@ async def pull(
 ) -> PullReport:
     """Pull each name, in order; the first failure is raised (earlier names stay pulled)."""
     options = options or PullOptions()
-    layout.tmp.mkdir(parents=True, exist_ok=True)
-    layout.blobs.mkdir(parents=True, exist_ok=True)
+    try:
+        layout.tmp.mkdir(parents=True, exist_ok=True)
+        layout.blobs.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _local_error(exc, layout, "anything") from None
     report = PullReport()
     async with contextlib.AsyncExitStack() as stack:
         if http is None:
@@ -1002,7 +1288,16 @@ def run_pull(
             authorization=authorization,
         )
 
-    return trio.run(main)
+    try:
+        return trio.run(main)
+    except BaseExceptionGroup as group:
+        # A nursery's lone failure, as itself: the CLI prints a SyncError as one line.
+        exc: BaseException = group
+        while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+            exc = exc.exceptions[0]
+        if exc is group:
+            raise
+        raise exc from None
 
 
 def read_credentials(path: str | os.PathLike[str] | None) -> str | None:
@@ -1014,9 +1309,9 @@ def read_credentials(path: str | os.PathLike[str] | None) -> str | None:
         text = Path(path).read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError) as exc:
         why = getattr(exc, "strerror", None) or str(exc)
-        raise LocalWriteError(f"--token-file {path}: {why}") from None
+        raise SyncError(f"--token-file {path}: {why}") from None
     if not text or "\n" in text:
-        raise LocalWriteError(f"--token-file {path}: expected one line (a token, or user:password)")
+        raise SyncError(f"--token-file {path}: expected one line (a token, or user:password)")
     if ":" in text:
         return "Basic " + base64.b64encode(text.encode()).decode()
     return f"Bearer {text}"

@@ -146,7 +146,9 @@ class FakePeer:
 
     def start(self) -> FakePeer:
         server = self.bind()
-        self._thread = threading.Thread(target=server.serve_forever, daemon=True)
+        self._thread = threading.Thread(
+            target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
         self._thread.start()
         return self
 

@@ -317,3 +317,24 @@ def test_full_disk_from_the_cli(tmp_path: Path, small_src: tuple[TinyStore, Dige
         assert assert_store_sound(store) == []
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_pull_starts_a_store_where_there_is_none(
+    tmp_path: Path, small_src: tuple[TinyStore, Digest]
+) -> None:
+    tiny, _big = small_src
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**_env(), "HOME": str(home)}
+    with modelfs_serve(tiny.root) as url:
+        r = subprocess.run(
+            [MODELFS, "pull", "m:1", "--from", url],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            check=False,
+        )
+    assert r.returncode == 0, r.stderr
+    assert f"store: {home}/.ollama/models" in r.stderr
+    assert tree(home / ".ollama" / "models") == tree(tiny.root)
