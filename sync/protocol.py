@@ -29,6 +29,9 @@ def name_from_repository(repo: str, tag: str) -> Name:
         host, (namespace, model) = DEFAULT_HOST, parts
     elif len(parts) == 3:
         host, namespace, model = parts
+        # `modelfs push` writes a port's ':' as '__' (sync/registry_names.py); no real host
+        # holds '__', so reading it back is unambiguous and both spellings reach one model.
+        host = host.replace("__", ":")
     else:
         raise InvalidNameError(f"repository {repo!r} is not <ns>/<model> or <host>/<ns>/<model>")
     return Name.from_parts(host, namespace, model, tag)

@@ -1004,3 +1004,13 @@ async def test_status_and_metrics(demo: DemoStore) -> None:
         assert samples["modelfs_models"] == len(demo.names)
         assert samples["modelfs_blobs"] == len(demo.blobs)
         assert "modelfs_uptime_seconds" in samples
+
+
+def test_repository_names_as_push_writes_them() -> None:
+    from store.names import parse_name
+    from sync.protocol import name_from_repository
+    from sync.registry_names import repository_for
+
+    name = parse_name("localhost:5000/me/m:1")
+    assert name_from_repository(repository_for(name), "1").key == name.key
+    assert name_from_repository("localhost:5000/me/m", "1").key == name.key
