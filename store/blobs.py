@@ -131,6 +131,7 @@ class BlobStore:
     def put_bytes(self, data: bytes) -> Digest:
         digest = Digest.of_bytes(data)
         if self.has(digest, len(data)) and self.layout.blob(digest).read_bytes() == data:
+            os.utime(self.layout.blob(digest))  # a fresh mtime, as a new write would give it
             return digest
         with self.temp_file() as (f, temp):
             f.write(data)

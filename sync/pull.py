@@ -637,24 +637,10 @@ class Puller:
     # -- writing manifests --------------------------------------------------------------------
     def _manifest_blob(self, raw: bytes) -> Digest:
         """`raw` as a blob; a blob of that name with other bytes is replaced (renamed over)."""
-        digest = Digest.of_bytes(raw)
-        path = self.layout.blob(digest)
         try:
-            if path.is_file() and not path.is_symlink() and path.read_bytes() == raw:
-                os.utime(path)
-                return digest
-        except OSError:
-            pass
-        try:
-            with self.store.temp_file("manifest-") as (f, temp):
-                f.write(raw)
-                f.flush()
-                os.fsync(f.fileno())
-                f.close()
-                self.store.install(temp, digest)
+            return self.store.put_bytes(raw)
         except OSError as exc:
-            raise _local_error(exc, self.layout, f"manifest blob {digest}") from None
-        return digest
+            raise _local_error(exc, self.layout, f"manifest blob {Digest.of_bytes(raw)}") from None
 
     def write_manifest(self, name: Name, raw: bytes, had_v2: bool) -> list[Path]:
         """A plain manifest: the legacy file, which every Ollama version reads. If the store
@@ -812,13 +798,9 @@ class Puller:
         raise _one_error(sources.errors, f"blob {digest}")
 
     def _install_bytes(self, digest: Digest, data: bytes) -> None:
+        # `data` was verified against `digest` on arrival; put_bytes writes, fsyncs, renames.
         try:
-            with self.store.temp_file("pull-") as (f, temp):
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-                f.close()
-                self.store.install(temp, digest)
+            self.store.put_bytes(data)
         except OSError as exc:
             raise _local_error(exc, self.layout, f"blob {digest}") from None
 
