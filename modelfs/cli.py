@@ -17,7 +17,7 @@ from typing import TextIO
 
 from modelfs.human import go_text
 from store.errors import StoreError
-from store.layout import find_store_root
+from store.layout import Layout, find_store_root
 from store.scan import DEFAULT_PREFER, StoreIndex, scan_store
 from sync.errors import SyncError
 
@@ -157,17 +157,53 @@ def cmd_push(args: argparse.Namespace) -> int:
     return 0
 
 
-def _duration(text: str) -> float:
-    """`90s`, `10m`, `1h`, `7d`, or plain seconds."""
+def _seconds(text: str) -> float:
+    """`90s`, `10m`, `1h`, `7d`, or plain seconds; zero or more."""
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
     text = text.strip().lower()
     try:
         value = float(text[:-1]) * units[text[-1]] if text[-1:] in units else float(text)
     except (ValueError, KeyError):
         raise argparse.ArgumentTypeError(f"expected a duration like 90s or 10m: {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a duration like 90s or 10m: {text!r}")
+    return value
+
+
+def _duration(text: str) -> float:
+    """A positive duration (a timeout)."""
+    value = _seconds(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive duration: {text!r}")
     return value
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    import trio
+
+    from modelfs.gcreport import render_gc
+    from store.gc import GcPolicy
+    from sync.gc import run_gc
+
+    root = find_store_root(args.store)
+    policy = GcPolicy(
+        grace=args.grace,
+        partial_grace=args.partial_grace,
+        trash_retention=args.trash_retention,
+    )
+    report = trio.run(lambda: run_gc(Layout(root), policy, dry_run=args.dry_run))
+    if args.json:
+        _print(json.dumps(report.as_json()))
+    else:
+        _print(render_gc(report))
+    if report.refused:
+        raise UserError(
+            f"gc refused: {len(report.refused)} file(s) cannot be read, so nothing was deleted "
+            f"(first: {report.refused[0]})"
+        )
+    if report.aborted:
+        raise UserError(f"gc stopped: {report.aborted}")
+    return 0
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
@@ -342,6 +378,40 @@ def build_parser() -> argparse.ArgumentParser:
         help="give up on a peer that sends nothing for this long (default: 30s)",
     )
     p.set_defaults(func=cmd_pull)
+
+    p = sub.add_parser(
+        "gc",
+        parents=[common],
+        help="delete blobs no manifest or lease needs, safely on a shared store",
+        description="Delete blobs that no manifest (in any form) and no live lease of any host "
+        "needs. A blob goes only after two runs at least the grace apart found it unneeded, "
+        "and first into .modelfs/trash/, emptied after the trash retention. Nothing is deleted "
+        "while any manifest or lease cannot be read. One GC at a time across hosts.",
+    )
+    p.add_argument("--dry-run", action="store_true", help="say what would go; change nothing")
+    p.add_argument(
+        "--grace",
+        type=_seconds,
+        default=3600.0,
+        metavar="D",
+        help="keep blobs younger than D, and wait D between the two sightings (default 1h)",
+    )
+    p.add_argument(
+        "--partial-grace",
+        type=_seconds,
+        default=7 * 86400.0,
+        metavar="D",
+        help="keep anyone's temp and partial downloads younger than D (default 7d)",
+    )
+    p.add_argument(
+        "--trash-retention",
+        type=_seconds,
+        default=86400.0,
+        metavar="D",
+        help="unlink trashed blobs after D (default 24h)",
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=cmd_gc)
 
     p = sub.add_parser("demo-store", parents=[common], help="write a demo store into DIR")
     p.add_argument("dir", metavar="DIR", type=Path)
