@@ -5,15 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from modelfs.human import human_bytes
+from store.durations import format_duration
 from store.gc import FileItem, GcPlan
 from sync.gc import GcReport
-
-
-def _span(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{int(seconds // size)}{unit}"
-    return f"{seconds:g}s"
 
 
 def _total(items: Sequence[FileItem]) -> str:
@@ -42,8 +36,8 @@ def render_gc(report: GcReport) -> str:
         if each:
             lines.extend(f"  {i.rel}  {human_bytes(i.size)}" for i in items)
 
-    retention = _span(report.policy.trash_retention)
-    grace = _span(report.policy.grace)
+    retention = format_duration(report.policy.trash_retention)
+    grace = format_duration(report.policy.grace)
     section(
         f"{'would move' if would else 'moved'} to trash (unlinked after {retention})",
         report.trashed,
