@@ -40,7 +40,8 @@ from tests.mounting import MODELFS, force_unmount, fuse, mounted, wait_for_mount
 from tests.test_mount import wait_until
 from tests.test_pull import assert_no_manifest, assert_store_sound, source_store, tree
 
-KiB, MiB = 1 << 10, 1 << 20
+REPO = Path(__file__).resolve().parent.parent
+MiB = 1 << 20
 D1, D2 = Digest("1" * 64), Digest("2" * 64)
 
 
@@ -319,7 +320,9 @@ def _fakepeer(store: Path, *faults: str) -> tuple[subprocess.Popen[bytes], str]:
     argv = [sys.executable, "-m", "tests.fakepeer", "--store", str(store)]
     for fault in faults:
         argv += ["--fault", fault]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=_env())
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=REPO, env=_env()
+    )
     assert proc.stdout is not None
     line = proc.stdout.readline().decode()
     assert "listening on " in line, line
@@ -342,6 +345,7 @@ def test_a_pull_leases_every_digest_of_the_model_while_fetching(tmp_path: Path) 
             [MODELFS, "pull", "--store", str(b), "llama3.2:3b", "--from", url],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
+            cwd=REPO,
             env=_env(MODELFS_HOST_ID="puller-9"),
         )
         seen: list[Lease] = []
