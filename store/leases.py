@@ -213,12 +213,13 @@ class LeaseKeeper:
             raise
         self.written = max(self.written, version)
 
-    def touch(self) -> None:
-        """Heartbeat: the mtime says "alive". A lease removed under us is written again."""
+    def touch(self, snapshot: tuple[int, bytes] | None = None) -> None:
+        """Heartbeat: the mtime says "alive". A lease removed under us is written again (from
+        `snapshot` when called in a worker thread: the counts may change meanwhile)."""
         try:
             os.utime(self.path)
         except FileNotFoundError:
-            self.write()
+            self.write(snapshot)
 
     def remove(self) -> None:
         with contextlib.suppress(FileNotFoundError):
