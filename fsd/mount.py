@@ -14,10 +14,10 @@ from pathlib import Path
 import pyfuse3
 import trio
 
-from fsd.notify import sd_notify
 from fsd.ops import ModelOperations
 from fsd.tree import DirNode, InodeTable, NameTree, TreeBuilder
-from modelfs.leasing import leased
+from runtime.leasing import leased
+from runtime.notify import sd_notify
 from store.layout import Layout
 from store.leases import LeaseKeeper
 from store.scan import scan_store

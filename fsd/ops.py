@@ -29,7 +29,7 @@ from fsd.tree import (
     Node,
     SymlinkNode,
 )
-from modelfs.leasing import LiveLease
+from runtime.leasing import LiveLease
 from store.digest import Digest
 from store.errors import StoreError
 from store.gguf import read_gguf_header_path

@@ -28,7 +28,8 @@ from typing import Any
 import httpx
 import trio
 
-from fsd.notify import sd_notify
+from runtime.leasing import leased
+from runtime.notify import sd_notify
 from store.errors import LockBusyError, StoreError
 from store.layout import Layout
 from store.leases import HEARTBEAT, LeaseKeeper
@@ -96,8 +97,7 @@ class Daemon:
         self.gc_last: dict[str, Any] | None = None
         self.url = ""
         self.local: dict[str, str] = {}  # this store's names -> digests, at the last round
-        self.lease = LeaseKeeper(layout, "sync", ttl=config.gc.lease_ttl, host=config.host_id)
-        self.lease_beat = 0.0
+        self.keeper = LeaseKeeper(layout, "sync", ttl=config.gc.lease_ttl, host=config.host_id)
         self._wake = trio.Event()
         self._sync_peers()
 
@@ -136,7 +136,12 @@ class Daemon:
         app.extra_status = self.status
         app.extra_metrics = self.metrics
         await app.view()
-        async with make_client(token=token) as http, trio.open_nursery() as nursery:
+        heartbeat = min(HEARTBEAT, config.gc.lease_ttl / 4)
+        async with (
+            make_client(token=token) as http,
+            leased(self.keeper, strict=False, heartbeat=heartbeat) as self.lease,
+            trio.open_nursery() as nursery,
+        ):
             self.http = http
             self.url = await nursery.start(
                 lambda task_status: serve(
@@ -147,16 +152,13 @@ class Daemon:
                     task_status=task_status,
                 )
             )
-            await trio.to_thread.run_sync(self._write_lease)
             nursery.start_soon(self._signals, nursery.cancel_scope)
             nursery.start_soon(self._watchdog)
-            nursery.start_soon(self._lease_loop)
             nursery.start_soon(self._every, lambda: self.config.interval, self.replicate_once)
             nursery.start_soon(self._gc_loop)
             sd_notify(f"READY=1\nSTATUS=serving {self.layout.root} on {self.url}")
             log.info("sync daemon %s ready: serving on %s", config.host_id, self.url)
             task_status.started(self.url)
-        await trio.to_thread.run_sync(self.lease.remove)
 
     async def _signals(self, scope: trio.CancelScope) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
@@ -188,25 +190,12 @@ class Daemon:
                 await self._wake.wait()
             self._wake = trio.Event()
 
-    # -- the lease ------------------------------------------------------------------------------
-    def _write_lease(self) -> None:
+    def lease_age(self) -> float | None:
+        """Seconds since this host's lease was last written or touched."""
         try:
-            self.lease.write()
-            self.lease_beat = time.time()
-        except OSError as exc:
-            log.warning("lease %s: %s", self.lease.path, exc.strerror or exc)
-
-    async def _lease_loop(self) -> None:
-        while True:
-            await trio.sleep(min(HEARTBEAT, self.config.gc.lease_ttl / 4))
-            try:
-                if self.lease.dirty:
-                    await trio.to_thread.run_sync(self.lease.write)
-                else:
-                    await trio.to_thread.run_sync(self.lease.touch)
-                self.lease_beat = time.time()
-            except OSError as exc:
-                log.warning("lease %s: %s", self.lease.path, exc.strerror or exc)
+            return max(time.time() - os.stat(self.keeper.path).st_mtime, 0.0)
+        except OSError:
+            return None
 
     # -- replication ------------------------------------------------------------------------------
     async def replicate_once(self) -> None:
@@ -337,7 +326,7 @@ class Daemon:
                     for t in self.transfers.values()
                 ],
                 "lag_seconds": {n: round(now - t, 3) for n, t in sorted(self.lag_since.items())},
-                "lease_age_seconds": round(now - self.lease_beat, 3) if self.lease_beat else None,
+                "lease_age_seconds": self.lease_age(),
                 "gc": {
                     "runs": self.gc_runs,
                     "bytes_freed": self.gc_bytes_freed,
@@ -404,7 +393,7 @@ class Daemon:
                 "lease_age_seconds",
                 "gauge",
                 "Seconds since this host's lease heartbeat.",
-                [("", round(now - self.lease_beat, 3) if self.lease_beat else 0.0)],
+                [("", round(self.lease_age() or 0.0, 3))],
             ),
             (
                 "replication_lag_seconds",

@@ -79,7 +79,7 @@ from typing import Any, TypeVar
 import httpx
 import trio
 
-from modelfs.leasing import LiveLease, leased
+from runtime.leasing import LiveLease, leased
 from store.blobs import BlobStore
 from store.digest import Digest
 from store.errors import StoreError

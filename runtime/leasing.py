@@ -1,5 +1,5 @@
 """A lease kept on disk from trio: what the mount (fsd) and a pull (sync) share of lease
-keeping. It lives here, beside neither, so that fsd and sync do not import each other.
+keeping. It lives in `runtime`, beside both, so that fsd and sync do not import each other.
 
 store.leases.LeaseKeeper counts what is held and writes the file; LiveLease says when:
 
