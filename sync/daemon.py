@@ -47,6 +47,7 @@ from sync.server import RegistryApp
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF = 3600.0
+LIST_TIMEOUT = 60.0  # at least; a listing may take up to the interval when that is longer
 
 
 @dataclass
@@ -59,6 +60,7 @@ class PeerState:
     models: dict[str, str] = field(default_factory=dict)  # shortest name -> digest hex
     bytes_in: int = 0
     blobs_in: int = 0
+    scope: trio.CancelScope | None = None  # its listing task, cancelled when it leaves the config
 
     def failed(self, exc: BaseException, interval: float) -> None:
         self.failures += 1
@@ -99,17 +101,26 @@ class Daemon:
         self.local: dict[str, str] = {}  # this store's names -> digests, at the last round
         self.keeper = LeaseKeeper(layout, "sync", ttl=config.gc.lease_ttl, host=config.host_id)
         self._wake = trio.Event()
+        self._nursery: trio.Nursery | None = None
         self._sync_peers()
 
     # -- config -------------------------------------------------------------------------------
     def _sync_peers(self) -> None:
-        self.peers = {url: self.peers.get(url) or PeerState(url) for url in self.config.peers}
+        old = self.peers
+        self.peers = {url: old.get(url) or PeerState(url) for url in self.config.peers}
+        for url, peer in old.items():
+            if url not in self.peers and peer.scope is not None:
+                peer.scope.cancel()
+        if self._nursery is not None:
+            for peer in self.peers.values():
+                if peer.scope is None:
+                    self._nursery.start_soon(self._watch_peer, peer)
 
-    def reload(self) -> None:
+    async def reload(self) -> None:
         """SIGHUP: a new config, or the old one and an error line. What only a restart can
         change (store, listen, token, TLS) is reported and left as it is."""
         try:
-            new = load_config(self.config.path)
+            new = await trio.to_thread.run_sync(load_config, self.config.path)
         except ConfigError as exc:
             log.error("reload: %s; keeping the running config", exc)
             return
@@ -152,6 +163,8 @@ class Daemon:
                     task_status=task_status,
                 )
             )
+            self._nursery = nursery
+            self._sync_peers()  # a listing task per peer
             nursery.start_soon(self._signals, nursery.cancel_scope)
             nursery.start_soon(self._watchdog)
             nursery.start_soon(self._every, lambda: self.config.interval, self.replicate_once)
@@ -164,7 +177,7 @@ class Daemon:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             async for signum in signals:
                 if signum == signal.SIGHUP:
-                    await trio.to_thread.run_sync(self.reload)
+                    await self.reload()
                     continue
                 log.info("%s: stopping", signal.Signals(signum).name)
                 sd_notify("STOPPING=1")
@@ -203,11 +216,6 @@ class Daemon:
         self.rounds += 1
         if not config.peers:
             return
-        now = time.monotonic()
-        async with trio.open_nursery() as nursery:
-            for peer in self.peers.values():
-                if peer.retry_at <= now:
-                    nursery.start_soon(self._list_peer, peer)
         index = await trio.to_thread.run_sync(scan_store, self.layout)
         local = {e.name.shortest: e.digest.hex for e in index}
         self.local = local
@@ -235,6 +243,20 @@ class Daemon:
         if todo:
             status += f": {len(todo)} to pull"
         sd_notify(f"STATUS={status}")
+
+    async def _watch_peer(self, peer: PeerState) -> None:
+        """List one peer every interval (longer after failures), on its own: a peer that is
+        down or stalls delays nothing but its own listing. A change wakes the replicator."""
+        with trio.CancelScope() as peer.scope:
+            while True:
+                before = dict(peer.models)
+                with trio.move_on_after(max(self.config.interval, LIST_TIMEOUT)) as timer:
+                    await self._list_peer(peer)
+                if timer.cancelled_caught:
+                    peer.failed(TimeoutError("listing timed out"), self.config.interval)
+                if peer.models != before:
+                    self._wake.set()
+                await trio.sleep(max(peer.retry_at - time.monotonic(), self.config.interval))
 
     async def _list_peer(self, peer: PeerState) -> None:
         client = PeerClient(peer.url, self.http)
@@ -265,6 +287,7 @@ class Daemon:
             del self.transfers[name]
         self.pulled += 1
         self.lag_since.pop(name, None)
+        self.local[name] = digest
         for result in report.models:
             peer = self.peers.get(sources[0])
             if peer is not None:

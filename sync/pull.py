@@ -871,13 +871,21 @@ class Puller:
         said = False
         while True:
             try:
-                return await trio.to_thread.run_sync(PartialBlob.open, self.layout, digest, size)
+                partial = await trio.to_thread.run_sync(PartialBlob.open, self.layout, digest, size)
             except BlobBusyError as exc:
                 if not said:
                     log.info("%s is being fetched by %s; waiting", digest, exc.owner)
                     said = True
             except OSError as exc:
                 raise _local_error(exc, self.layout, f"blob {digest} ({size} bytes)") from None
+            else:
+                # The lock may have been freed by a holder that just finished the blob: then
+                # the fresh temp file is not needed.
+                if not await trio.to_thread.run_sync(self._blob_ok, digest, size):
+                    return partial
+                await trio.to_thread.run_sync(partial.discard)
+                await trio.to_thread.run_sync(partial.release)
+                return None
             if await trio.to_thread.run_sync(self._blob_ok, digest, size):
                 return None
             await trio.sleep(0.5)

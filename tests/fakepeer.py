@@ -52,7 +52,7 @@ from store.errors import StoreError
 from store.layout import Layout
 from store.manifest import MEDIA_LIST, MEDIA_MANIFEST, ManifestList, parse_manifest
 from store.scan import scan_store
-from sync.protocol import name_from_repository
+from sync.protocol import name_from_repository, repository_of
 
 _RANGE = re.compile(r"bytes=(\d+)-(\d*)")
 _PATH = re.compile(r"/v2/(?P<repo>.+)/(?P<kind>manifests|blobs)/(?P<ref>[^/]+)")
@@ -258,7 +258,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, b"{}", {"Content-Type": "application/json"})
             return
         if m is None:
-            self._error(404, "NOT_FOUND", "no such endpoint")
+            self._listing(self.path.split("?", 1)[0])
             return
         fault = peer.take_fault(kind, digest)
         if fault is not None and fault.kind == "status":
@@ -276,6 +276,24 @@ class _Handler(BaseHTTPRequestHandler):
                 self._blob(digest, fault)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+
+    def _listing(self, path: str) -> None:
+        """`/v2/_catalog` and `/v2/<repo>/tags/list`, unpaginated, for the sync daemon."""
+        tags: dict[str, list[str]] = {}
+        for entry in scan_store(self.peer.layout):
+            tags.setdefault(repository_of(entry.name), []).append(entry.name.tag)
+        if path == "/v2/_catalog":
+            body: dict[str, Any] = {"repositories": sorted(tags)}
+        elif path.startswith("/v2/") and path.endswith("/tags/list"):
+            repo = path[len("/v2/") : -len("/tags/list")]
+            if repo not in tags:
+                self._error(404, "NAME_UNKNOWN", f"no repository {repo}")
+                return
+            body = {"name": repo, "tags": sorted(tags[repo])}
+        else:
+            self._error(404, "NOT_FOUND", "no such endpoint")
+            return
+        self._send(200, json.dumps(body).encode(), {"Content-Type": "application/json"})
 
     def _manifest(self, repo: str, ref: str, fault: Fault | None) -> None:
         layout = self.peer.layout
