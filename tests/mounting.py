@@ -41,13 +41,16 @@ def force_unmount(mnt: Path) -> None:
 
 
 @contextmanager
-def mounted(store: Path, mnt: Path, *args: str) -> Iterator[subprocess.Popen[bytes]]:
+def mounted(
+    store: Path, mnt: Path, *args: str, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
     """Mount `store` on `mnt` with `modelfs mount`; unmount and reap it however the test ends."""
     mnt.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(
         [MODELFS, "mount", "--store", str(store), str(mnt), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
+        env=env,
     )
     try:
         wait_for_mount(proc, mnt)
