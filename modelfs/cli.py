@@ -36,6 +36,10 @@ def _prefer(text: str) -> tuple[str, ...]:
     return runners
 
 
+def _add_prefer(p: argparse.ArgumentParser, help: str) -> None:
+    p.add_argument("--prefer", type=_prefer, default=DEFAULT_PREFER, metavar="RUNNERS", help=help)
+
+
 def _open_index(args: argparse.Namespace) -> StoreIndex:
     root = find_store_root(args.store)
     index = scan_store(root)
@@ -82,6 +86,26 @@ def cmd_show(args: argparse.Namespace) -> int:
     index = _open_index(args)
     entry = index.lookup(args.name)
     record = show_record(index, entry, args.prefer)
+    if args.json:
+        _print(json.dumps(record, indent=2, ensure_ascii=False))
+    else:
+        _print(render(record))
+    return 0
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from modelfs.diff import render
+    from store.diff import diff, resolve, resolve_previous
+    from store.history import TagHistory
+
+    index = _open_index(args)
+    history = TagHistory(index.layout)
+    a = resolve(index, history, args.a, args.prefer)
+    if args.b is None:
+        b = resolve_previous(index, history, a, args.prefer)
+    else:
+        b = resolve(index, history, args.b, args.prefer)
+    record = diff(index, history, a, b).as_json()
     if args.json:
         _print(json.dumps(record, indent=2, ensure_ascii=False))
     else:
@@ -302,31 +326,36 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("ls", parents=[common], help="list models, like `ollama list`")
     p.add_argument("--json", action="store_true", help="print Ollama's /api/tags response")
-    p.add_argument(
-        "--prefer",
-        type=_prefer,
-        default=DEFAULT_PREFER,
-        metavar="RUNNERS",
-        help="variant order for manifest lists (default: llamacpp,ggml,mlx)",
-    )
+    _add_prefer(p, "variant order for manifest lists (default: llamacpp,ggml,mlx)")
     p.set_defaults(func=cmd_ls)
 
     p = sub.add_parser("show", parents=[common], help="variants, layers, files, quantization")
     p.add_argument("name", metavar="NAME")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--prefer", type=_prefer, default=DEFAULT_PREFER, metavar="RUNNERS")
+    _add_prefer(p, "variant of a manifest list to show first (default: llamacpp,ggml,mlx)")
     p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser(
+        "diff",
+        parents=[common],
+        help="what changed between two versions of a model",
+        description="Compare two models: blobs shared and only on one side (kind, size), "
+        "quantization types, and the kind of change (identical, only accessories, new "
+        "packaging, different quantization, fixed conversion, new weights). Each side is a "
+        "tag, or a manifest digest (sha256:<hex>, or 12+ hex digits) found in the store or "
+        "its tag history. B defaults to the version A replaced, from the tag history that "
+        "`modelfs sync` keeps.",
+    )
+    p.add_argument("a", metavar="NAME_OR_DIGEST")
+    p.add_argument("b", metavar="NAME_OR_DIGEST", nargs="?")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    _add_prefer(p, "variant of a manifest list to compare (default: llamacpp,ggml,mlx)")
+    p.set_defaults(func=cmd_diff)
 
     p = sub.add_parser("mount", parents=[common], help="show the store by name at MOUNTPOINT")
     p.add_argument("mountpoint", metavar="MOUNTPOINT", type=Path)
     p.add_argument("--allow-other", action="store_true", help="let other users read the mount")
-    p.add_argument(
-        "--prefer",
-        type=_prefer,
-        default=DEFAULT_PREFER,
-        metavar="RUNNERS",
-        help="variant shown at a plain tag (default: llamacpp,ggml,mlx)",
-    )
+    _add_prefer(p, "variant shown at a plain tag (default: llamacpp,ggml,mlx)")
     p.add_argument(
         "--data",
         choices=("fuse", "symlink"),
@@ -355,12 +384,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--tls-cert", metavar="F", type=Path, help="serve HTTPS with this certificate")
     p.add_argument("--tls-key", metavar="F", type=Path, help="the certificate's private key")
-    p.add_argument(
-        "--prefer",
-        type=_prefer,
-        default=DEFAULT_PREFER,
-        metavar="RUNNERS",
-        help="child of a manifest list served to clients that do not take lists "
+    _add_prefer(
+        p,
+        "child of a manifest list served to clients that do not take lists "
         "(default: llamacpp,ggml,mlx)",
     )
     p.set_defaults(func=cmd_serve)
@@ -388,13 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a peer (modelfs serve, or an OCI registry); several are tried in order",
     )
     p.add_argument("--all-variants", action="store_true", help="every child of a manifest list")
-    p.add_argument(
-        "--prefer",
-        type=_prefer,
-        default=DEFAULT_PREFER,
-        metavar="RUNNERS",
-        help="which child of a manifest list to fetch (default: llamacpp,ggml,mlx)",
-    )
+    _add_prefer(p, "which child of a manifest list to fetch (default: llamacpp,ggml,mlx)")
     p.add_argument("--json", action="store_true", help="progress as NDJSON (Ollama's /api/pull)")
     p.add_argument(
         "--token-file",

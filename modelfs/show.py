@@ -2,46 +2,13 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from modelfs.human import human_bytes, rfc3339_nano, table
-from store.errors import StoreError
 from store.files import model_files
-from store.gguf import read_gguf_header_path
-from store.manifest import Manifest, ManifestList
-from store.quant import (
-    QuantRow,
-    quantization_breakdown_gguf,
-    quantization_breakdown_safetensors,
-)
-from store.safetensors import read_safetensors_header_path
+from store.manifest import ManifestList
+from store.quant import manifest_quantization
 from store.scan import DEFAULT_PREFER, Entry, StoreIndex, Variant
-
-log = logging.getLogger(__name__)
-
-
-def quantization(index: StoreIndex, manifest: Manifest) -> list[QuantRow]:
-    """Tensor count and bytes per type: from the GGUF model layer, else the tensor blobs."""
-    files = model_files(manifest)
-    layout = index.layout
-    for f in files:
-        if f.layer.kind == "model" and index.blob_info(f.layer.digest) is not None:
-            try:
-                return quantization_breakdown_gguf(
-                    read_gguf_header_path(layout.blob(f.layer.digest))
-                )
-            except (OSError, StoreError) as exc:
-                log.warning("%s: %s", f.path, exc)
-                return []
-    headers = []
-    for f in files:
-        if f.layer.kind == "tensor" and index.blob_info(f.layer.digest) is not None:
-            try:
-                headers.append(read_safetensors_header_path(layout.blob(f.layer.digest)))
-            except (OSError, StoreError) as exc:
-                log.warning("%s: %s", f.path, exc)
-    return quantization_breakdown_safetensors(headers) if headers else []
 
 
 def _variant_record(
@@ -81,7 +48,7 @@ def _variant_record(
     if with_quant:
         record["quantization"] = [
             {"type": q.type, "count": q.count, "bytes": q.nbytes}
-            for q in quantization(index, manifest)
+            for q in manifest_quantization(index, manifest)
         ]
     return record
 

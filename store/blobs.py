@@ -36,10 +36,10 @@ def _make_dirs(path: Path) -> None:
     for d in reversed(missing):
         with contextlib.suppress(FileExistsError):
             d.mkdir(mode=DIR_MODE)
-        _fsync_dir(d.parent)
+        fsync_dir(d.parent)
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -107,7 +107,7 @@ class BlobStore:
         target = self.layout.blob(digest)
         os.replace(temp, target)
         os.utime(target)
-        _fsync_dir(self.layout.blobs)
+        fsync_dir(self.layout.blobs)
         return target
 
     def put_stream(self, src: BinaryIO, expected: Digest | None = None) -> Digest:
@@ -152,7 +152,7 @@ class BlobStore:
             if temp.stat().st_dev != target.parent.stat().st_dev:
                 raise StoreError(f"{self.layout.tmp} and {target.parent} are on different devices")
             os.replace(temp, target)
-        _fsync_dir(target.parent)
+        fsync_dir(target.parent)
 
     def write_legacy_manifest(self, name: Name, raw: bytes) -> Path:
         """`manifests/<host>/<ns>/<model>/<tag>`, byte for byte (what Ollama ≤ 0.39 reads)."""
@@ -186,5 +186,5 @@ class BlobStore:
             # rename() of a hardlink onto the same inode succeeds and leaves the source behind.
             with contextlib.suppress(FileNotFoundError):
                 link.unlink()
-        _fsync_dir(target.parent)
+        fsync_dir(target.parent)
         return target

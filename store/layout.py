@@ -28,6 +28,7 @@ class Layout:
         self.leases = self.state / "leases"
         self.trash = self.state / "trash"
         self.quarantine = self.state / "quarantine"
+        self.history = self.state / "history"
 
     def blob(self, digest: Digest) -> Path:
         return self.blobs / digest.blob_name

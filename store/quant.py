@@ -29,13 +29,24 @@ counted as tensors; tensors with no quant type are grouped by dtype.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from store.gguf import GGUFHeader
-from store.safetensors import SafetensorsHeader
+from store.errors import StoreError
+from store.gguf import GGUFHeader, read_gguf_header_path
+from store.manifest import Layer, Manifest
+from store.safetensors import SafetensorsHeader, read_safetensors_header_path
+
+if TYPE_CHECKING:
+    from store.scan import StoreIndex
+
+log = logging.getLogger(__name__)
 
 COMPANION_SUFFIXES = (".scale", ".bias", ".global_scale")
+# Layer kinds whose blob is a GGUF file.
+GGUF_KINDS = frozenset({"model", "projector", "draft", "adapter"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,3 +113,41 @@ def quantization_breakdown_safetensors(headers: Iterable[SafetensorsHeader]) -> 
             else:
                 tally.add(t.dtype, 1, t.nbytes)
     return tally.result()
+
+
+def weight_header(index: StoreIndex, layer: Layer) -> GGUFHeader | SafetensorsHeader | None:
+    """The header of a GGUF (`model`, `projector`, …) or `tensor` layer's blob; None when the
+    blob is absent or the layer holds no weights. Raises OSError or StoreError on a bad blob."""
+    if index.blob_info(layer.digest) is None:
+        return None
+    path = index.layout.blob(layer.digest)
+    if layer.kind == "tensor":
+        return read_safetensors_header_path(path)
+    if layer.kind in GGUF_KINDS:
+        return read_gguf_header_path(path)
+    return None
+
+
+def manifest_quantization(index: StoreIndex, manifest: Manifest) -> list[QuantRow]:
+    """Tensor count and bytes per type: from the GGUF model layer, else the tensor blobs."""
+    for layer in manifest.layers:
+        if layer.kind == "model" and index.blob_info(layer.digest) is not None:
+            try:
+                header = weight_header(index, layer)
+            except (OSError, StoreError) as exc:
+                log.warning("%s: %s", layer.digest, exc)
+                return []
+            assert isinstance(header, GGUFHeader)
+            return quantization_breakdown_gguf(header)
+    headers = []
+    for layer in manifest.layers:
+        if layer.kind != "tensor":
+            continue
+        try:
+            header = weight_header(index, layer)
+        except (OSError, StoreError) as exc:
+            log.warning("%s (%s): %s", layer.digest, layer.name, exc)
+            continue
+        if isinstance(header, SafetensorsHeader):
+            headers.append(header)
+    return quantization_breakdown_safetensors(headers) if headers else []

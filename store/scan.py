@@ -65,6 +65,26 @@ class Variant:
     from_list: bool
 
 
+def child_variant(child: ListChild, manifest: Manifest, config: ModelConfig | None) -> Variant:
+    """A list's child as a variant: runner and format from the list, else inferred."""
+    runner = child.runner or infer_runner(manifest, config)
+    fmt = child.format or manifest.format or (config.model_format if config else None)
+    return Variant(manifest, runner, fmt or None, True)
+
+
+def choose_variant(
+    variants: Iterable[Variant], prefer: Iterable[str] = DEFAULT_PREFER
+) -> Variant | None:
+    """The first variant by `prefer`, then any other; None when there is none."""
+    order = [p.lower() for p in prefer]
+
+    def rank(v: Variant) -> int:
+        runner = (v.runner or "").lower()
+        return order.index(runner) if runner in order else len(order)
+
+    return min(variants, key=rank, default=None)
+
+
 @dataclass(slots=True)
 class Entry:
     """A tag in the store and what it resolves to."""
@@ -88,13 +108,7 @@ class Entry:
 
     def preferred(self, prefer: Iterable[str] = DEFAULT_PREFER) -> Variant | None:
         """The variant to show at the plain tag: first by `prefer`, then any other present."""
-        order = [p.lower() for p in prefer]
-
-        def rank(v: Variant) -> int:
-            runner = (v.runner or "").lower()
-            return order.index(runner) if runner in order else len(order)
-
-        return min(self.variants, key=rank, default=None)
+        return choose_variant(self.variants, prefer)
 
     def variant(self, runner: str) -> Variant | None:
         for v in self.variants:
@@ -412,10 +426,7 @@ class Scanner:
                 # A runner becomes part of a directory name (`26b@mlx`).
                 self._problem("bad-manifest", rel, f"child {child.digest}: bad runner name")
                 continue
-            config = self.index.config(manifest)
-            runner = child.runner or infer_runner(manifest, config)
-            fmt = child.format or manifest.format or (config.model_format if config else None)
-            variants.append(Variant(manifest, runner, fmt or None, True))
+            variants.append(child_variant(child, manifest, self.index.config(manifest)))
         return tuple(variants), tuple(absent)
 
     def _check_blobs(self, entry: Entry, variant: Variant) -> None:
