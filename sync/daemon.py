@@ -5,7 +5,8 @@
   own, with its own back-off, so one that is down or slow holds up nobody), the names that
   `replicate` selects whose digest differs from ours, pulled with sync.pull from every peer
   that offers that digest (fail-over among them), variants by `prefer`;
-- the host lease's heartbeat (store.leases), holding what tag history keeps;
+- tag history (store.history): each interval, tags that moved are recorded, and the versions
+  they replaced are held in this host's lease (store.leases) for `history_retention`;
 - GC on its schedule (sync.gc; one host at a time through the GC lock);
 - systemd's notify protocol: READY=1 once serving, STATUS= after each round, WATCHDOG=1 at
   half of $WATCHDOG_USEC, STOPPING=1 on SIGTERM. SIGHUP reloads the config.
@@ -30,7 +31,9 @@ import trio
 
 from runtime.leasing import leased
 from runtime.notify import sd_notify
+from store.digest import Digest
 from store.errors import LockBusyError, StoreError
+from store.history import TagHistory
 from store.layout import Layout
 from store.leases import HEARTBEAT, LeaseKeeper
 from store.names import Name
@@ -102,6 +105,9 @@ class Daemon:
         self.keeper = LeaseKeeper(layout, "sync", ttl=config.gc.lease_ttl, host=config.host_id)
         self._wake = trio.Event()
         self._nursery: trio.Nursery | None = None
+        self.history = TagHistory(layout, host=config.host_id)
+        self.history_roots: set[Digest] = set()
+        self.history_seen = False  # the first look records every tag as added: not news
         self._sync_peers()
 
     # -- config -------------------------------------------------------------------------------
@@ -169,6 +175,7 @@ class Daemon:
             nursery.start_soon(self._watchdog)
             nursery.start_soon(self._every, lambda: self.config.interval, self.replicate_once)
             nursery.start_soon(self._gc_loop)
+            nursery.start_soon(self._every, lambda: self.config.interval, self.remember)
             sd_notify(f"READY=1\nSTATUS=serving {self.layout.root} on {self.url}")
             log.info("sync daemon %s ready: serving on %s", config.host_id, self.url)
             task_status.started(self.url)
@@ -301,6 +308,35 @@ class Daemon:
                 result.fetched,
                 result.fetched_bytes,
             )
+
+    # -- tag history ----------------------------------------------------------------------------
+    async def remember(self) -> None:
+        """Record tags that moved; keep the versions they replaced (for `history_retention`)
+        in this host's lease, so every host's GC leaves them alone."""
+        now = time.time()
+        retention = self.config.gc.history_retention
+        try:
+            index = await trio.to_thread.run_sync(scan_store, self.layout)
+            changes = await trio.to_thread.run_sync(self.history.observe, index, now)
+            await trio.to_thread.run_sync(self.history.prune, now, retention)
+            roots = await trio.to_thread.run_sync(self.history.roots, now, retention)
+        except (StoreError, OSError) as exc:
+            log.warning("tag history: %s", exc)
+            return
+        for change in changes:
+            if change.kind != "added" or self.history_seen:
+                log.info(
+                    "tag history: %s %s (%s -> %s)",
+                    change.name,
+                    change.kind,
+                    change.old.short if change.old else "-",
+                    change.new.short if change.new else "-",
+                )
+        self.history_seen = True
+        if roots != self.history_roots:
+            await self.lease.hold(digests=roots)  # new roots on disk before old ones go
+            self.lease.drop(digests=self.history_roots)
+            self.history_roots = roots
 
     # -- GC -------------------------------------------------------------------------------------
     async def _gc_loop(self) -> None:

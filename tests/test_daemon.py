@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import signal
 import socket
@@ -19,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
+from store.digest import Digest
 from store.scan import scan_store
 from tests.builders import TinyStore
 from tests.test_pull_hosts import _env, fakepeer
@@ -355,3 +357,41 @@ def test_a_daemon_killed_mid_transfer_resumes_after_restart(tmp_path: Path) -> N
     assert ranges[0] is None or ranges[0].startswith("bytes=0-")
     resumed = ranges[-1]
     assert resumed is not None and int(resumed.split("=")[1].split("-")[0]) >= before > 0
+
+
+def test_tag_history_keeps_the_replaced_version_for_its_retention(tmp_path: Path) -> None:
+    store = TinyStore(tmp_path / "store")
+    old_raw = store.gguf_model("m:1", b"version one weights")
+    old_blob = json.loads(old_raw)["layers"][0]["digest"]
+    for name in os.listdir(store.layout.blobs):
+        os.utime(store.layout.blobs / name, (time.time() - 7200,) * 2)
+    keys = {
+        "store": str(store.root),
+        "interval": "1s",
+        "gc": {"interval": "1s", "grace": "2s", "trash_retention": "0s", "history_retention": "6s"},
+    }
+    history = store.layout.state / "history" / "log.jsonl"
+    with daemon(tmp_path, "h", **keys) as d:
+        wait_until(lambda: history.exists() and "m:1" in history.read_text(), 20, "first look")
+        store.gguf_model("m:1", b"version two weights")  # `ollama pull` moved the tag
+        os.utime(store.layout.blob(Digest.parse(old_blob)), (time.time() - 7200,) * 2)
+        wait_until(lambda: len(history.read_text().splitlines()) >= 2, 20, "the change")
+        wait_until(lambda: "tag history: m:1 changed" in d.text(), 5, "the log line")
+        t = time.monotonic()
+        while time.monotonic() - t < 4:  # several GC rounds within the retention
+            assert store.layout.blob(Digest.parse(old_blob)).exists()
+            time.sleep(0.2)
+        r = subprocess.run(
+            [MODELFS, "diff", "--store", str(store.root), "m:1", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=_env(),
+        )
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["kind"] == "new weights"
+        wait_until(
+            lambda: not store.layout.blob(Digest.parse(old_blob)).exists(),
+            30,
+            "the old version to go after the retention",
+        )
