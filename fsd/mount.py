@@ -14,10 +14,12 @@ from pathlib import Path
 import pyfuse3
 import trio
 
-from fsd.notify import sd_notify
 from fsd.ops import ModelOperations
 from fsd.tree import DirNode, InodeTable, NameTree, TreeBuilder
+from runtime.leasing import leased
+from runtime.notify import sd_notify
 from store.layout import Layout
+from store.leases import LeaseKeeper
 from store.scan import scan_store
 from store.watch import store_signature
 
@@ -82,6 +84,7 @@ class Mount:
         self.layout = Layout(root)
         self.mountpoint = mountpoint.resolve()
         self.builder = TreeBuilder(InodeTable(), prefer=prefer, data=data)
+        self.data = data
         self.allow_other = allow_other
         self._signature: tuple[object, ...] = ()
 
@@ -128,6 +131,19 @@ class Mount:
             pyfuse3.close(unmount=clean)
 
     async def _main(self) -> None:
+        # The mount's lease: the blobs of files open through it (DESIGN §5 invariant 3). A
+        # store where it cannot be written (read-only, someone else's) is served all the same.
+        async with leased(LeaseKeeper(self.layout, "mount"), strict=False) as lease:
+            self.ops.lease = lease
+            if self.data == "symlink":
+                log.info(
+                    "--data symlink: files read through their symlinks are opened in the "
+                    "store itself; the mount cannot see them, and its lease does not hold them"
+                )
+            await self._serve()
+        # Unmounted cleanly: the lease file is gone (after a kill -9 it expires by its TTL).
+
+    async def _serve(self) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._signals)
             nursery.start_soon(self._watch)

@@ -29,6 +29,8 @@ from fsd.tree import (
     Node,
     SymlinkNode,
 )
+from runtime.leasing import LiveLease
+from store.digest import Digest
 from store.errors import StoreError
 from store.gguf import read_gguf_header_path
 
@@ -90,14 +92,36 @@ class _Handle:
     node: Node
     fd: int = -1
     fds: dict[Path, int] = field(default_factory=dict)
+    digests: tuple[Digest, ...] = ()  # held in the mount's lease while open
+
+
+def _blobs_read(node: Node) -> tuple[Digest, ...]:
+    """The blobs a file's reads come from."""
+    if isinstance(node, BlobNode):
+        return (node.digest,)
+    if isinstance(node, MergedNode):
+        return node.digests
+    return ()
 
 
 class ModelOperations(pyfuse3.Operations):
-    """A read-only view of a NameTree; `swap` installs a new tree from the store watcher."""
+    """A read-only view of a NameTree; `swap` installs a new tree from the store watcher.
+
+    Every blob a file open through the mount reads from is held in `lease` (the mount's),
+    so a GC on any host leaves it alone until the last such file is closed. Files shown as
+    symlinks (`--data symlink`) are opened in the store itself, unseen and unleased.
+    """
 
     enable_writeback_cache = False
 
-    def __init__(self, tree: NameTree, uid: int, gid: int, statfs_path: Path) -> None:
+    def __init__(
+        self,
+        tree: NameTree,
+        uid: int,
+        gid: int,
+        statfs_path: Path,
+        lease: LiveLease | None = None,
+    ) -> None:
         super().__init__()
         self.tree = tree
         self.nodes: dict[int, Node] = dict(tree.nodes)
@@ -108,7 +132,7 @@ class ModelOperations(pyfuse3.Operations):
         self._dir_handles: dict[int, tuple[DirNode, list[tuple[str, Node]]]] = {}
         self._next_fh = itertools.count(1)
         self._gguf_xattrs: dict[int, dict[str, bytes]] = {}
-        self.open_blobs: dict[int, int] = {}  # digest-node inode -> open count (for leases)
+        self.lease = lease
 
     def swap(self, tree: NameTree) -> None:
         # Old inodes stay resolvable: the kernel may still hold them (open files, cached
@@ -202,18 +226,21 @@ class ModelOperations(pyfuse3.Operations):
         if isinstance(node, DirNode):
             raise pyfuse3.FUSEError(errno.EISDIR)
         handle = _Handle(node)
+        if self.lease is not None and (digests := _blobs_read(node)):
+            # On disk before the blob is opened: a GC that starts (on any host) once this
+            # open has returned sees it.
+            await self.lease.hold(digests)
+            handle.digests = digests
         try:
             if isinstance(node, BlobNode):
                 handle.fd = self._open_blob(node.path, node.size)
-                self.open_blobs[node.inode] = self.open_blobs.get(node.inode, 0) + 1
             elif isinstance(node, MergedNode):
                 assert node.merged is not None
                 for seg in node.merged.segments:
                     if seg.path not in handle.fds:
                         handle.fds[seg.path] = self._open_blob(seg.path, None)
         except OSError as exc:
-            for fd in handle.fds.values():
-                os.close(fd)
+            self._close(handle)
             log.error("open %s: %s", getattr(node, "path", node.inode), exc)
             raise pyfuse3.FUSEError(_errno_for(exc)) from None
         fh = next(self._next_fh)
@@ -254,17 +281,16 @@ class ModelOperations(pyfuse3.Operations):
     @_guarded
     async def release(self, fh: int) -> None:
         handle = self._handles.pop(fh, None)
-        if handle is None:
-            return
+        if handle is not None:
+            self._close(handle)
+
+    def _close(self, handle: _Handle) -> None:
         if handle.fd >= 0:
             os.close(handle.fd)
-            n = self.open_blobs.get(handle.node.inode, 1) - 1
-            if n:
-                self.open_blobs[handle.node.inode] = n
-            else:
-                self.open_blobs.pop(handle.node.inode, None)
         for fd in handle.fds.values():
             os.close(fd)
+        if handle.digests and self.lease is not None:
+            self.lease.drop(handle.digests)  # written lazily: a late drop only keeps more
 
     @_guarded
     async def readlink(self, inode: int, ctx: pyfuse3.RequestContext) -> bytes:

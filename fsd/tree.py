@@ -9,6 +9,7 @@ file keep its bytes when its tag moves.
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import stat
@@ -108,6 +109,12 @@ class MergedNode(Node):
     @property
     def size(self) -> int:
         return self.merged.size if self.merged else 0
+
+    @functools.cached_property
+    def digests(self) -> tuple[Digest, ...]:
+        """The tensor blobs it reads from, each once (segments are `blobs/sha256-<hex>`)."""
+        assert self.merged is not None
+        return tuple(dict.fromkeys(Digest.parse(s.path.name) for s in self.merged.segments))
 
     def read(self, fds: dict[Path, int], offset: int, size: int) -> bytes:
         assert self.merged is not None

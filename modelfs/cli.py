@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import TextIO
 
 from modelfs.human import go_text
+from store.durations import parse_duration
 from store.errors import StoreError
-from store.layout import find_store_root
+from store.layout import Layout, find_store_root
 from store.scan import DEFAULT_PREFER, StoreIndex, scan_store
 from sync.errors import SyncError
 
@@ -157,38 +158,105 @@ def cmd_push(args: argparse.Namespace) -> int:
     return 0
 
 
-def _duration(text: str) -> float:
-    """`90s`, `10m`, `1h`, `7d`, or plain seconds."""
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    text = text.strip().lower()
+def _seconds(text: str) -> float:
+    """`90s`, `10m`, `1h`, `7d`, or plain seconds; zero or more."""
     try:
-        value = float(text[:-1]) * units[text[-1]] if text[-1:] in units else float(text)
-    except (ValueError, KeyError):
-        raise argparse.ArgumentTypeError(f"expected a duration like 90s or 10m: {text!r}") from None
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _duration(text: str) -> float:
+    """A positive duration (a timeout)."""
+    value = _seconds(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive duration: {text!r}")
     return value
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    import trio
+
+    from modelfs.gcreport import render_gc
+    from store.gc import GcPolicy
+    from sync.gc import run_gc
+
+    root = find_store_root(args.store)
+    policy = GcPolicy(
+        grace=args.grace,
+        partial_grace=args.partial_grace,
+        trash_retention=args.trash_retention,
+    )
+    report = trio.run(lambda: run_gc(Layout(root), policy, dry_run=args.dry_run))
+    if args.json:
+        _print(json.dumps(report.as_json()))
+    else:
+        _print(render_gc(report))
+    if report.refused:
+        raise UserError(
+            f"gc refused: {len(report.refused)} file(s) cannot be read, so nothing was deleted "
+            f"(first: {report.refused[0]})"
+        )
+    if report.aborted:
+        raise UserError(f"gc stopped: {report.aborted}")
+    return 0
+
+
+def _writable_root(explicit: Path | None) -> Path:
+    """The store root; one is created where none is yet, as `ollama pull` does."""
+    try:
+        return find_store_root(explicit)
+    except StoreError:
+        env = os.environ.get("OLLAMA_MODELS", "").strip().strip("\"'")
+        fresh = explicit or (Path(env) if env else Path.home() / ".ollama" / "models")
+        fresh.expanduser().mkdir(parents=True, exist_ok=True)
+        return find_store_root(fresh)
+
+
+def cmd_sync(args: argparse.Namespace) -> int:
+    from sync.config import load_config
+    from sync.daemon import run_daemon
+    from sync.serve import ServeError, read_token_file
+
+    config = load_config(args.config)
+    root = _writable_root(args.store or config.store)
+    try:
+        if config.token_file is not None:
+            read_token_file(config.token_file)
+    except ServeError as exc:
+        raise UserError(f"{config.path}: token_file: {exc}") from None
+    if config.token_file is None and config.peers:
+        log.info("no token_file: peers must serve loopback clients without a token")
+    try:
+        run_daemon(config, Layout(root))
+    except ServeError as exc:
+        raise UserError(str(exc)) from None
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from modelfs.status import fetch_status, render_status
+
+    status, error = fetch_status(args.url, args.token_file)
+    if args.json:
+        _print(json.dumps(status if status is not None else {"error": error}))
+    elif status is not None:
+        _print(render_status(status))
+    if error is not None:
+        raise UserError(error)
+    return 0
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
     from sync.progress import BarProgress, JsonProgress, LineProgress, Progress
     from sync.pull import PullOptions, read_credentials, run_pull
 
-    if not args.verbose:
-        logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
     sources = [u.rstrip("/") for u in args.sources]
     for url in sources:
         if not url.startswith(("http://", "https://")):
             raise UserError(f"--from {url!r}: expected http://HOST[:PORT] or https://HOST[:PORT]")
     authorization = read_credentials(args.token_file)
-    try:
-        root = find_store_root(args.store)
-    except StoreError:
-        # A pull may start a store where there is none yet, as `ollama pull` does.
-        env = os.environ.get("OLLAMA_MODELS", "").strip().strip("\"'")
-        fresh = args.store or (Path(env) if env else Path.home() / ".ollama" / "models")
-        fresh.expanduser().mkdir(parents=True, exist_ok=True)
-        root = find_store_root(fresh)
+    root = _writable_root(args.store)
     progress: Progress
     if args.json:
         progress = JsonProgress(sys.stdout)
@@ -417,6 +485,65 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the report as one JSON document")
     p.set_defaults(func=cmd_verify)
 
+    p = sub.add_parser(
+        "gc",
+        parents=[common],
+        help="delete blobs no manifest or lease needs, safely on a shared store",
+        description="Delete blobs that no manifest (in any form) and no live lease of any host "
+        "needs. A blob goes only after two runs at least the grace apart found it unneeded, "
+        "and first into .modelfs/trash/, emptied after the trash retention. Nothing is deleted "
+        "while any manifest or lease cannot be read. One GC at a time across hosts.",
+    )
+    p.add_argument("--dry-run", action="store_true", help="say what would go; change nothing")
+    p.add_argument(
+        "--grace",
+        type=_seconds,
+        default=3600.0,
+        metavar="D",
+        help="keep blobs younger than D, and wait D between the two sightings (default 1h)",
+    )
+    p.add_argument(
+        "--partial-grace",
+        type=_seconds,
+        default=7 * 86400.0,
+        metavar="D",
+        help="keep anyone's temp and partial downloads younger than D (default 7d)",
+    )
+    p.add_argument(
+        "--trash-retention",
+        type=_seconds,
+        default=86400.0,
+        metavar="D",
+        help="unlink trashed blobs after D (default 24h)",
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=cmd_gc)
+
+    p = sub.add_parser(
+        "sync",
+        parents=[common],
+        help="the daemon: serve, replicate, lease, collect (run by systemd)",
+        description="Serve the store, replicate the names `replicate` selects from the peers, "
+        "keep this host's lease, and run GC on schedule, until SIGTERM. SIGHUP reloads the "
+        "config. Speaks systemd's notify protocol (READY, STATUS, WATCHDOG, STOPPING).",
+    )
+    p.add_argument("--config", required=True, type=Path, metavar="FILE", help="the TOML config")
+    p.set_defaults(func=cmd_sync)
+
+    p = sub.add_parser(
+        "status",
+        parents=[common],
+        help="this host's sync daemon and its peers: models, transfers, last GC",
+    )
+    p.add_argument(
+        "--url",
+        default="http://127.0.0.1:11500",
+        help="the daemon to ask (default: http://127.0.0.1:11500)",
+    )
+    p.add_argument("--token-file", type=Path, metavar="F", help="its bearer token")
+    p.add_argument("--json", action="store_true", help="print the daemon's status JSON")
+    p.set_defaults(func=cmd_status)
+
     p = sub.add_parser("demo-store", parents=[common], help="write a demo store into DIR")
     p.add_argument("dir", metavar="DIR", type=Path)
     p.add_argument("--size", help="size of the main model blob, e.g. 1G (default: small)")
@@ -459,6 +586,10 @@ def _setup_logging(args: argparse.Namespace) -> None:
     handler.setFormatter(logging.Formatter("modelfs: %(message)s"))
     root.addHandler(handler)
     root.setLevel(level)
+    # httpx logs a line per request at INFO; that is debugging detail here.
+    logging.getLogger("httpx").setLevel(
+        logging.DEBUG if level == logging.DEBUG else logging.WARNING
+    )
 
 
 def _one_line(text: str) -> str:

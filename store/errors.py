@@ -9,9 +9,13 @@
     ├── BlobError                   a blob is missing or its bytes do not match
     │   ├── MissingBlobError
     │   └── CorruptBlobError
-    └── HeaderError                 a GGUF or safetensors header we refuse to read
-        ├── GGUFError
-        └── SafetensorsError
+    ├── HeaderError                 a GGUF or safetensors header we refuse to read
+    │   ├── GGUFError
+    │   └── SafetensorsError
+    ├── LockError                   a lock file (GC, a blob being fetched)
+    │   ├── LockBusyError           held by a live owner
+    │   └── LockLostError           ours no longer: removed or taken over
+    └── GcRefusedError              GC cannot know what is safe to delete
 
 Each message is one line that names the file or the value at fault, so the CLI can print it
 as it is and the other layers can map the class to an errno or HTTP status in one place.
@@ -65,4 +69,20 @@ class GGUFError(HeaderError):
 
 
 class SafetensorsError(HeaderError):
+    pass
+
+
+class LockError(StoreError):
+    pass
+
+
+class LockBusyError(LockError):
+    pass
+
+
+class LockLostError(LockError):
+    pass
+
+
+class GcRefusedError(StoreError):
     pass

@@ -164,7 +164,7 @@ class StoreIndex:
         if not self.has_blob(digest):
             return None
         try:
-            raw = _read_limited(self.layout.blob(digest), MAX_CONFIG_BYTES)
+            raw = read_limited(self.layout.blob(digest), MAX_CONFIG_BYTES)
             return parse_config(raw, f"blobs/{digest.blob_name}")
         except (OSError, StoreError) as exc:
             log.warning("config %s: %s", digest, exc)
@@ -187,7 +187,7 @@ class StoreIndex:
         return sorted(self.entries.values(), key=lambda e: (-e.mtime_ns, e.name.shortest))
 
 
-def _read_limited(path: Path | str, limit: int) -> bytes:
+def read_limited(path: Path | str, limit: int) -> bytes:
     with open(path, "rb") as f:
         return _read_open(f, limit)
 
@@ -198,14 +198,15 @@ def _read_open(f: BinaryIO, limit: int) -> bytes:
     return f.read(limit + 1 if size > limit else -1)
 
 
-def _walk_depth4(root: Path) -> Iterator[tuple[tuple[str, ...], os.DirEntry[str] | None, str]]:
+_TreeItem = tuple[tuple[str, ...], os.DirEntry[str] | None, str]
+
+
+def walk_manifest_tree(root: Path) -> Iterator[_TreeItem]:
     """Yield (parts, dir entry, problem) for everything at or above depth 4 that is not a dir
     on the way down. Depth-4 entries that are files or symlinks are candidates; anything else
     out of place is yielded with a problem text."""
 
-    def walk(
-        path: Path, parts: tuple[str, ...]
-    ) -> Iterator[tuple[tuple[str, ...], os.DirEntry[str] | None, str]]:
+    def walk(path: Path, parts: tuple[str, ...]) -> Iterator[_TreeItem]:
         try:
             it = os.scandir(path)
         except NotADirectoryError:
@@ -282,7 +283,7 @@ class Scanner:
     # -- manifests -----------------------------------------------------------------------
     def _scan_tree(self, root: Path, *, v2: bool) -> None:
         top = root.name
-        for parts, de, problem in _walk_depth4(root):
+        for parts, de, problem in walk_manifest_tree(root):
             rel = "/".join((top, *parts))
             if problem:
                 self._problem("stray", rel, problem)
@@ -352,7 +353,7 @@ class Scanner:
                 bst = os.stat(blob, follow_symlinks=False)
                 if (st.st_dev, st.st_ino) != (bst.st_dev, bst.st_ino):
                     raise outside
-                raw = _read_limited(blob, MAX_MANIFEST_BYTES)
+                raw = read_limited(blob, MAX_MANIFEST_BYTES)
                 if Digest.of_bytes(raw).blob_name != blob_name:
                     raise ManifestError(f"{rel}: linked blob {blob_name} does not match its hash")
                 return raw, bst
@@ -375,7 +376,7 @@ class Scanner:
             result = ManifestError(f"{rel}: missing")
         else:
             try:
-                raw = _read_limited(self.layout.blob(digest), MAX_MANIFEST_BYTES)
+                raw = read_limited(self.layout.blob(digest), MAX_MANIFEST_BYTES)
                 if Digest.of_bytes(raw) != digest:
                     result = ManifestError(f"{rel}: bytes do not match the name")
                 else:

@@ -54,6 +54,7 @@ CONNECT_TIMEOUT = 10.0
 POLL = 0.25  # how often a blocked receive looks at its stop flag
 MAX_HEADER = 64 << 10
 MAX_REDIRECTS = 10
+MAX_PAGES = 10_000
 
 
 class TruncatedBodyError(PeerLiedError):
@@ -209,6 +210,17 @@ def _parse_head(head: bytes) -> tuple[int, dict[str, str]]:
     return int(parts[1]), headers
 
 
+def _next_link(header: str | None, base: str) -> str | None:
+    """The `rel="next"` target of a Link header, resolved against the request URL."""
+    if not header:
+        return None
+    for part in header.split(","):
+        target, _, params = part.partition(";")
+        if 'rel="next"' in params.replace(" ", "") and target.strip().startswith("<"):
+            return urljoin(base, target.strip()[1:-1])
+    return None
+
+
 # -- the peer ---------------------------------------------------------------------------------
 class PeerClient:
     """A peer at `url` (scheme, host, port and an optional path prefix before `/v2/`)."""
@@ -291,6 +303,60 @@ class PeerClient:
         if expect is not None and digest != expect:
             raise PeerLiedError(f"{url}: {what} hashes to {digest}, not {expect}")
         return FetchedManifest(raw, media_type, digest, self.url)
+
+    # -- listings ------------------------------------------------------------------------------
+    async def _pages(self, path: str, key: str, what: str) -> list[str]:
+        """Every item of a paginated listing (`Link: <…>; rel="next"`), in the peer's order."""
+        url: str | None = f"{self.url}{path}"
+        items: list[str] = []
+        for _ in range(MAX_PAGES):
+            if url is None:
+                break
+            with mapped_errors(self.url, what):
+                response = await self.http.get(url, headers=self._auth())
+                raise_for_status(response, what)
+            try:
+                body = response.json()
+                page = body[key] if isinstance(body, dict) else None
+            except (ValueError, KeyError):
+                page = None
+            if page is None:
+                page = []  # a registry answers `"tags": null` for a repository without tags
+            if not isinstance(page, list) or not all(isinstance(x, str) for x in page):
+                raise PeerError(f"{url}: {what}: not a list of strings")
+            items += page
+            url = _next_link(response.headers.get("link"), str(response.url))
+        return items
+
+    async def catalog(self) -> list[str]:
+        return await self._pages("/v2/_catalog?n=1000", "repositories", "the catalog")
+
+    async def tags(self, repo: str) -> list[str]:
+        return await self._pages(f"/v2/{repo}/tags/list?n=1000", "tags", f"tags of {repo}")
+
+    async def models(self) -> list[Name]:
+        """Every model the peer lists (catalog, then tags); repositories that are no Ollama
+        name are skipped, with a debug line."""
+        from sync.protocol import name_from_repository
+        from sync.registry_names import name_for
+
+        names: list[Name] = []
+        for repo in await self.catalog():
+            for tag in await self.tags(repo):
+                try:
+                    names.append(name_for(repo, tag))
+                    continue
+                except InvalidNameError:
+                    pass
+                try:
+                    # A modelfs peer lists names as the store spells them (uppercase too).
+                    names.append(name_from_repository(repo, tag))
+                except InvalidNameError as exc:
+                    log.debug("%s: skipping %s:%s (%s)", self.url, repo, tag, exc)
+        return names
+
+    def _auth(self) -> dict[str, str]:
+        return {"Authorization": self.authorization} if self.authorization else {}
 
     # -- small blobs ----------------------------------------------------------------------------
     async def blob(self, name: Name, digest: Digest, size: int) -> bytes:

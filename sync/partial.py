@@ -6,9 +6,9 @@ prune and readers look), all named from the digest so a later run finds them:
     pull-sha256-<hex>.partial   the blob's bytes, preallocated to full size, written with pwrite
     pull-sha256-<hex>.json      {"digest", "size", "done": [[start, end], ...]}: byte ranges
                                  known to be in the .partial file (fdatasync'd before listing)
-    pull-sha256-<hex>.lock      {"host", "pid", "started"}: who is fetching it now (O_EXCL;
-                                 its mtime is a heartbeat); stale when that pid is gone (same
-                                 host) or the heartbeat is older than LOCK_STALE seconds
+    pull-sha256-<hex>.lock      who is fetching it now: a store.lockfile.LockFile, stale when
+                                 that pid is gone (same host) or its heartbeat is older than
+                                 LOCK_STALE seconds
 
 A run that is killed (kill -9 included) leaves the .partial and .json behind; the next run
 takes over the stale lock and fetches only what the sidecar does not list. The sidecar claims
@@ -32,19 +32,18 @@ import json
 import logging
 import mmap
 import os
-import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
 
 from store.digest import Digest
+from store.errors import LockBusyError, LockLostError
 from store.layout import Layout
+from store.lockfile import LockFile
 
 log = logging.getLogger(__name__)
 
 SIDECAR_VERSION = 1
 LOCK_STALE = 120.0  # seconds without a heartbeat after which another host may take over
-HOST = socket.gethostname()
 
 
 class Stopped(Exception):
@@ -201,21 +200,6 @@ def start_writeback(fd: int) -> None:
 
 
 # -- the partial blob -------------------------------------------------------------------------
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie (exited, not yet reaped by its parent) holds nothing.
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return True
-
-
 class PartialBlob:
     """The temp file, sidecar and lock of one blob being fetched. Use `open()`."""
 
@@ -227,6 +211,7 @@ class PartialBlob:
         self.path = layout.tmp / f"{stem}.partial"
         self.sidecar = layout.tmp / f"{stem}.json"
         self.lock_path = layout.tmp / f"{stem}.lock"
+        self.lock = LockFile(self.lock_path, stale_after=LOCK_STALE)
         self.fd = -1
         self.dfd = -1  # the same file opened O_DIRECT, where the filesystem allows it
         self.done = RangeSet()
@@ -236,56 +221,14 @@ class PartialBlob:
 
     # -- the lock -----------------------------------------------------------------------------
     def _lock(self) -> None:
-        body = json.dumps({"host": HOST, "pid": os.getpid(), "started": time.time()}).encode()
-        for _ in range(3):
-            try:
-                fd = os.open(self.lock_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            except FileExistsError:
-                owner = self._stale_owner()
-                if owner is not None:
-                    raise BlobBusyError(owner) from None
-                # Move the stale lock aside under a name of our own, so two takers cannot both
-                # delete it and each think they hold the new one.
-                aside = self.lock_path.with_name(f"{self.lock_path.name}.stale-{os.getpid()}")
-                with contextlib.suppress(FileNotFoundError):
-                    os.rename(self.lock_path, aside)
-                    os.unlink(aside)
-                continue
-            try:
-                os.write(fd, body)
-            except BaseException:
-                os.close(fd)
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.lock_path)  # a full disk: no empty lock left behind
-                raise
-            os.close(fd)
-            return
-        raise BlobBusyError("another process (lock keeps changing hands)")
-
-    def _stale_owner(self) -> str | None:
-        """None when the existing lock is stale; else a description of its live owner."""
         try:
-            st = os.stat(self.lock_path)
-            info = json.loads(self.lock_path.read_bytes() or b"{}")
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError):
-            info = {}
-            st = None
-        host, pid = info.get("host"), info.get("pid")
-        if host == HOST and isinstance(pid, int):
-            if pid != os.getpid() and _pid_alive(pid):
-                return f"pid {pid}"
-            return None
-        # Written right after it is created, so one that says nothing for long is dead.
-        patience = LOCK_STALE if host else 10.0
-        if st is not None and time.time() - st.st_mtime < patience:
-            return f"pid {pid} on {host}" if host else "another process"
-        return None
+            self.lock.acquire()
+        except LockBusyError as exc:
+            raise BlobBusyError(str(exc)) from None
 
     def heartbeat(self) -> None:
-        with contextlib.suppress(OSError):
-            os.utime(self.lock_path)
+        with contextlib.suppress(OSError, LockLostError):
+            self.lock.refresh()
 
     # -- open / resume --------------------------------------------------------------------------
     @classmethod
@@ -449,5 +392,4 @@ class PartialBlob:
 
     def release(self) -> None:
         self.close()
-        with contextlib.suppress(FileNotFoundError):
-            self.lock_path.unlink()
+        self.lock.release()

@@ -79,10 +79,12 @@ from typing import Any
 import httpx
 import trio
 
+from runtime.leasing import LiveLease, leased
 from store.blobs import BlobStore
 from store.digest import Digest
 from store.errors import StoreError
 from store.layout import Layout
+from store.leases import LeaseKeeper
 from store.manifest import (
     MEDIA_LIST,
     MEDIA_MANIFEST,
@@ -144,6 +146,9 @@ class PullOptions:
     max_blobs: int = 4  # blobs in flight at once
     checkpoint_every: float = 1.0
     rounds: int = 2  # tries per source and blob, for transient failures
+    # While blobs are fetched, those of the model already here get a fresh mtime this often:
+    # Ollama's prune spares what is under an hour old, and it does not read our leases.
+    freshen_every: float = 15 * 60.0
 
 
 @dataclass
@@ -465,10 +470,12 @@ class Puller:
         peers: Sequence[PeerClient],
         options: PullOptions | None = None,
         progress: P.Progress | None = None,
+        lease: LiveLease | None = None,
     ) -> None:
         if not peers:
             raise ValueError("no peers to pull from")
         self.layout = layout
+        self.lease = lease  # None: each pull_one keeps a lease of its own
         self.store = BlobStore(layout)
         self.peers = list(peers)
         self.options = options or PullOptions()
@@ -513,6 +520,12 @@ class Puller:
 
     # -- the whole model ----------------------------------------------------------------------
     async def pull_one(self, text: str) -> ModelResult:
+        if self.lease is not None:
+            return await self._pull_one(text, self.lease)
+        async with pull_lease(self.layout) as lease:
+            return await self._pull_one(text, lease)
+
+    async def _pull_one(self, text: str, lease: LiveLease) -> ModelResult:
         name = parse_name(text)
         existing, had_v2 = await trio.to_thread.run_sync(existing_name, self.layout, name)
         if existing is not None:
@@ -564,22 +577,48 @@ class Puller:
                 blobs.setdefault(m.config.digest, m.config.size)
             for layer in m.layers:
                 blobs.setdefault(layer.digest, layer.size)
-        missing = await trio.to_thread.run_sync(self._missing, blobs)
-        for digest, size in blobs.items():
-            if digest not in missing:
-                result.present += 1
-                self.progress.blob(label, digest, size, size)
-        await self._fetch_all(name, label, {d: blobs[d] for d in missing}, peers, result)
+        # Leased (on disk) before any blob is judged present or fetched, until the manifest
+        # names them: a GC on any host leaves them alone meanwhile (DESIGN §5 invariant 3).
+        roots = [top.digest, *(f.digest for _, f, _ in children if f is not None), *blobs]
+        try:
+            await lease.hold(roots)
+        except OSError as exc:
+            raise _local_error(exc, self.layout, "the pull's lease") from None
+        try:
+            missing = await trio.to_thread.run_sync(self._missing, blobs)
+            for digest, size in blobs.items():
+                if digest not in missing:
+                    result.present += 1
+                    self.progress.blob(label, digest, size, size)
+            if missing:
+                # Fetching takes a while: what is here already must look young to Ollama's
+                # prune meanwhile, and still be here when it is done. One deleted under us
+                # (an Ollama elsewhere started and pruned it) is fetched again.
+                await trio.to_thread.run_sync(self._missing, blobs, True)
+                fetch = {d: blobs[d] for d in missing}
+                await self._fetch_all(name, label, fetch, peers, result, blobs)
+                vanished = await trio.to_thread.run_sync(self._missing, blobs, True)
+                if vanished:
+                    log.warning(
+                        "%s: %s vanished from the store during the pull (pruned by another "
+                        "process?); fetching again",
+                        label,
+                        ", ".join(str(d) for d in vanished),
+                    )
+                    fetch = {d: blobs[d] for d in vanished}
+                    await self._fetch_all(name, label, fetch, peers, result, blobs)
 
-        self.progress.status(label, P.VERIFYING)
-        self.progress.status(label, P.WRITING_MANIFEST)
-        await trio.to_thread.run_sync(self._check_present, blobs)
-        if isinstance(parsed, ManifestList):
-            written = await trio.to_thread.run_sync(
-                self.write_list, name, top.raw, parsed, children
-            )
-        else:
-            written = await trio.to_thread.run_sync(self.write_manifest, name, top.raw, had_v2)
+            self.progress.status(label, P.VERIFYING)
+            self.progress.status(label, P.WRITING_MANIFEST)
+            await trio.to_thread.run_sync(self._check_present, blobs)
+            if isinstance(parsed, ManifestList):
+                written = await trio.to_thread.run_sync(
+                    self.write_list, name, top.raw, parsed, children
+                )
+            else:
+                written = await trio.to_thread.run_sync(self.write_manifest, name, top.raw, had_v2)
+        finally:
+            lease.drop(roots)  # named by the manifest now (or the pull failed)
         result.written = [str(p.relative_to(self.layout.root)) for p in written]
         self.progress.done(label)
         return result
@@ -591,12 +630,30 @@ class Puller:
             return False
         return stat.S_ISREG(st.st_mode) and st.st_size == size
 
-    def _missing(self, blobs: dict[Digest, int]) -> list[Digest]:
-        return [d for d, size in blobs.items() if not self._blob_ok(d, size)]
+    def _missing(self, blobs: dict[Digest, int], freshen: bool = False) -> list[Digest]:
+        """The blobs not here with the right size; with `freshen`, each one here gets a fresh
+        mtime, so that a prune that spares young blobs (Ollama's: under an hour) spares it."""
+        missing = []
+        for d, size in blobs.items():
+            if not self._blob_ok(d, size):
+                missing.append(d)
+            elif freshen:
+                try:
+                    os.utime(self.layout.blob(d))
+                except FileNotFoundError:
+                    missing.append(d)
+                except OSError as exc:  # someone else's blob: it keeps its age
+                    log.debug("cannot touch %s: %s", d, exc.strerror)
+        return missing
+
+    async def _keep_young(self, blobs: dict[Digest, int]) -> None:
+        while True:
+            await trio.sleep(self.options.freshen_every)
+            await trio.to_thread.run_sync(self._missing, blobs, True)
 
     def _check_present(self, blobs: dict[Digest, int]) -> None:
         absent = self._missing(blobs)
-        if absent:  # pragma: no cover - a fetch that returned without its blob
+        if absent:  # deleted again after it was fetched again, or a fetch without its blob
             raise LocalWriteError(f"blob {absent[0]} vanished from {self.layout.blobs}")
 
     # -- writing manifests --------------------------------------------------------------------
@@ -681,7 +738,23 @@ class Puller:
         whose manifest names it), verified and renamed into `blobs/` as a pull does; for
         `modelfs verify --repair-from`. Raises a SyncError if no peer sends it."""
         result = ModelResult(name.shortest, digest)
-        await self._fetch_all(name, name.shortest, {digest: size}, self.peers, result)
+        blobs = {digest: size}
+
+        async def fetch(lease: LiveLease) -> None:
+            try:
+                await lease.hold([digest])
+            except OSError as exc:
+                raise _local_error(exc, self.layout, "the pull's lease") from None
+            try:
+                await self._fetch_all(name, name.shortest, blobs, self.peers, result, blobs)
+            finally:
+                lease.drop([digest])
+
+        if self.lease is not None:
+            await fetch(self.lease)
+        else:
+            async with pull_lease(self.layout) as lease:
+                await fetch(lease)
         return result
 
     async def _fetch_all(
@@ -691,7 +764,9 @@ class Puller:
         missing: dict[Digest, int],
         peers: list[PeerClient],
         result: ModelResult,
+        young: dict[Digest, int],
     ) -> None:
+        """Fetch `missing`; meanwhile every blob of `young` here is kept young."""
         if not missing:
             return
         failure: list[BaseException] = []
@@ -715,6 +790,7 @@ class Puller:
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(report)
+            nursery.start_soon(self._keep_young, young)
             async with trio.open_nursery() as blobs:
                 for digest, size in missing.items():
                     blobs.start_soon(one, digest, size)
@@ -1186,6 +1262,18 @@ class Puller:
 
 
 # -- entry point ------------------------------------------------------------------------------
+@contextlib.asynccontextmanager
+async def pull_lease(layout: Layout) -> AsyncIterator[LiveLease]:
+    """The lease of a pull: every blob of the models in flight, on disk while they are."""
+    keeper = LeaseKeeper(layout, "pull")
+    try:
+        await trio.to_thread.run_sync(keeper.write)  # empty; says early that it cannot be
+    except OSError as exc:
+        raise _local_error(exc, layout, "the pull's lease") from None
+    async with leased(keeper, strict=True) as lease:
+        yield lease
+
+
 async def pull(
     layout: Layout,
     names: Sequence[str],
@@ -1204,8 +1292,11 @@ async def pull(
     except OSError as exc:
         raise _local_error(exc, layout, "anything") from None
     report = PullReport()
-    async with peer_clients(sources, options, authorization, http) as peers:
-        puller = Puller(layout, peers, options, progress)
+    async with (
+        peer_clients(sources, options, authorization, http) as peers,
+        pull_lease(layout) as lease,
+    ):
+        puller = Puller(layout, peers, options, progress, lease)
         for text in names:
             report.models.append(await puller.pull_one(text))
     return report

@@ -94,6 +94,8 @@ Scope = dict[str, Any]
 Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+# One Prometheus metric: name (after `modelfs_`), type, help, and (labels, value) samples.
+MetricFamily = tuple[str, str, str, list[tuple[str, float]]]
 
 VERSION = "0.1"
 # One read and one ASGI message per chunk: big enough that per-message costs vanish against
@@ -450,6 +452,9 @@ class RegistryApp:
         self._refresh_lock = trio.Lock()
         self._zstd_cache: OrderedDict[Digest, bytes | None] = OrderedDict()
         self._zstd_cache_bytes = 0
+        # The sync daemon adds its own state to /modelfs/v1/status and /metrics.
+        self.extra_status: Callable[[], dict[str, Any]] | None = None
+        self.extra_metrics: Callable[[], list[MetricFamily]] | None = None
 
     # -- the snapshot --------------------------------------------------------------------
     async def view(self) -> View:
@@ -835,6 +840,7 @@ class RegistryApp:
             "blobs_served": s.blobs_served,
             "manifests_served": s.manifests_served,
             "auth": "token" if self._token_hash else "loopback",
+            **(self.extra_status() if self.extra_status else {}),
         }
 
     async def _metrics(self) -> str:
@@ -877,6 +883,8 @@ class RegistryApp:
             "Seconds since the server started.",
             [("", round(time.monotonic() - s.started, 3))],
         )
+        for family in self.extra_metrics() if self.extra_metrics else []:
+            metric(*family)
         return "\n".join(out) + "\n"
 
     # -- sending -------------------------------------------------------------------------

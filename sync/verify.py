@@ -216,7 +216,7 @@ async def _repair(layout: Layout, report: Report, options: VerifyOptions) -> Non
     if not wanted:
         return
     # Imported here: httpx and the pull machinery cost a tenth of a second at start.
-    from sync.pull import Puller, PullOptions, peer_clients
+    from sync.pull import Puller, PullOptions, peer_clients, pull_lease
 
     log.info("fetching %d blob(s) from %s", len(wanted), ", ".join(options.repair_from))
     pull = (
@@ -225,8 +225,11 @@ async def _repair(layout: Layout, report: Report, options: VerifyOptions) -> Non
         else PullOptions(read_timeout=options.read_timeout)
     )
     repaired: set[Digest] = set()
-    async with peer_clients(options.repair_from, pull, options.authorization) as peers:
-        puller = Puller(layout, peers, pull)
+    async with (
+        peer_clients(options.repair_from, pull, options.authorization) as peers,
+        pull_lease(layout) as lease,  # what is in flight, for a GC on any host to leave alone
+    ):
+        puller = Puller(layout, peers, pull, lease=lease)
 
         async def one(digest: Digest, size: int, owner: Owner) -> None:
             try:

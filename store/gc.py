@@ -1,0 +1,329 @@
+"""Garbage collection planning and its steps, safe on a directory shared by several hosts.
+
+The invariants of DESIGN §5, and where each is kept:
+
+1. reachable blobs are never candidates: `store.reach` reads every manifest in every form;
+2. an unreadable manifest or lease makes the plan `refused`, and a refused plan has no steps;
+3. a blob in a live lease is kept (`store.leases`, each lease by its own TTL);
+4. nothing younger than `grace` (by mtime) is a candidate; temp and partial files, ours and
+   Ollama's, go only when older than `partial_grace`;
+5. one GC at a time: the runner (sync.gc) holds `.modelfs/gc.lock`, a store.lockfile.LockFile;
+6. a blob goes only when two passes at least `grace` apart found it unreferenced (the first
+   sighting is kept in `.modelfs/gc/state.json`), and then into `.modelfs/trash/<stamp>/`;
+   the trash is emptied after `trash_retention`, and a trashed blob that is wanted again
+   (a manifest or lease names it, and `blobs/` lacks it) is put back;
+7. a dry run computes the same plan and performs no step.
+
+Planning reads; the step functions each do one rename or unlink and re-check what they can
+(mtime, presence) just before, because another host may be writing while we plan.
+"""
+
+from __future__ import annotations
+
+import calendar
+import contextlib
+import json
+import logging
+import os
+import re
+import stat
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from store.digest import Digest, is_blob_name
+from store.layout import Layout
+from store.leases import LeaseSet, read_leases
+from store.reach import Reach, reachable
+from store.scan import Problem
+
+log = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+
+# Ollama's temp and partial files in blobs/ (research/ollama-store.md): `<blob>-partial`,
+# `<blob>-partial-<N>` (server/download.go), `<blob>.tmp` (x/transfer), and the
+# `sha256-<random digits>` of NewLayer's CreateTemp.
+_OLLAMA_TEMP = re.compile(r"(sha256-[0-9a-f]{64})(-partial(-\d+)?|\.tmp)|sha256-\d{1,20}")
+# Ours, in .modelfs/tmp: `pull-sha256-<hex>.{partial,json,lock}` and BlobStore's temp files.
+_OUR_TEMP_DIGEST = re.compile(r"pull-(sha256-[0-9a-f]{64})\.")
+_TRASH_STAMP = re.compile(r"(\d{8}T\d{6}Z)")
+
+
+@dataclass(frozen=True, slots=True)
+class GcPolicy:
+    grace: float = 3600.0
+    partial_grace: float = 7 * 86400.0
+    trash_retention: float = 86400.0
+    lock_ttl: float = 600.0  # a GC lock without a heartbeat this long is stale
+
+
+@dataclass(frozen=True, slots=True)
+class FileItem:
+    """A file a step acts on: `path` absolute, `rel` relative to the store root."""
+
+    path: Path
+    rel: str
+    size: int
+    mtime: float
+    digest: Digest | None = None
+
+
+@dataclass
+class GcPlan:
+    now: float
+    policy: GcPolicy
+    refused: list[Problem] = field(default_factory=list)
+    trash: list[FileItem] = field(default_factory=list)  # second sighting: to the trash now
+    pending: list[FileItem] = field(default_factory=list)  # first sighting, or too recent
+    young: list[FileItem] = field(default_factory=list)  # unreferenced but within grace
+    leased: list[FileItem] = field(default_factory=list)  # unreferenced, kept by a lease
+    temps: list[FileItem] = field(default_factory=list)  # old temp/partial files to delete
+    temps_kept: list[FileItem] = field(default_factory=list)
+    purge: list[FileItem] = field(default_factory=list)  # trash past retention: unlink
+    restore: list[FileItem] = field(default_factory=list)  # trashed but wanted again
+    first_seen: dict[str, float] = field(default_factory=dict)  # the next state
+    blobs: int = 0
+    referenced: int = 0
+    manifests: int = 0
+    leases_live: int = 0
+    leases_expired: int = 0
+
+    @property
+    def steps(self) -> int:
+        return len(self.trash) + len(self.temps) + len(self.purge) + len(self.restore)
+
+
+def _stat(path: Path) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except OSError:
+        return None
+
+
+def _item(path: Path, root: Path, st: os.stat_result, digest: Digest | None) -> FileItem:
+    return FileItem(path, str(path.relative_to(root)), st.st_size, st.st_mtime, digest)
+
+
+def trash_stamp(now: float) -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
+
+
+def _stamp_time(name: str) -> float | None:
+    m = _TRASH_STAMP.match(name)
+    if m is None:
+        return None
+    try:
+        return float(calendar.timegm(time.strptime(m.group(1), "%Y%m%dT%H%M%SZ")))
+    except ValueError:
+        return None
+
+
+# -- state ---------------------------------------------------------------------------------
+def state_path(layout: Layout) -> Path:
+    return layout.state / "gc" / "state.json"
+
+
+def load_first_seen(layout: Layout) -> dict[str, float]:
+    """When each unreferenced blob was first seen so. A lost or bad state only delays GC."""
+    path = state_path(layout)
+    try:
+        obj = json.loads(path.read_bytes())
+        seen = obj["first_seen"] if obj.get("version") == STATE_VERSION else {}
+        return {k: float(v) for k, v in seen.items() if is_blob_name(k)}
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        log.warning("%s: unreadable (%s); every candidate starts its grace again", path, exc)
+        return {}
+
+
+def save_first_seen(layout: Layout, first_seen: dict[str, float]) -> None:
+    path = state_path(layout)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    body = {"version": STATE_VERSION, "first_seen": dict(sorted(first_seen.items()))}
+    tmp.write_text(json.dumps(body, indent=0))
+    os.replace(tmp, path)
+
+
+# -- the plan ------------------------------------------------------------------------------
+def plan_gc(layout: Layout, policy: GcPolicy, *, now: float | None = None) -> GcPlan:
+    now = now if now is not None else time.time()
+    plan = GcPlan(now, policy)
+    leases = read_leases(layout, now)
+    reach = reachable(layout, manifests=leases.manifests)
+    plan.refused = [*reach.unreadable, *leases.unreadable]
+    plan.manifests = reach.manifests
+    plan.leases_live, plan.leases_expired = len(leases.live), len(leases.expired)
+    keep = reach.digests
+    leased = leases.digests
+    previous = load_first_seen(layout)
+
+    _plan_blobs(layout, plan, keep, leased, previous)
+    _plan_temps(layout, plan, keep | leased)
+    _plan_trash(layout, plan, keep | leased)
+    return plan
+
+
+def _plan_blobs(
+    layout: Layout,
+    plan: GcPlan,
+    keep: set[Digest],
+    leased: set[Digest],
+    previous: dict[str, float],
+) -> None:
+    keep_names = {d.blob_name for d in keep}
+    leased_names = {d.blob_name for d in leased}
+    policy, now = plan.policy, plan.now
+    try:
+        it = os.scandir(layout.blobs)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        plan.refused.append(Problem("bad-blob", "blobs", f"cannot list: {exc.strerror}"))
+        return
+    with it:
+        for de in it:
+            name = de.name
+            if not is_blob_name(name):
+                continue  # temps are planned apart; foreign files are never ours to delete
+            plan.blobs += 1
+            if name in keep_names:
+                plan.referenced += 1
+                continue
+            st = _stat(Path(de.path))
+            if st is None or not stat.S_ISREG(st.st_mode):
+                continue  # a link or a dir under a blob's name: reported by scan, not ours
+            item = _item(Path(de.path), layout.root, st, Digest(name[7:]))
+            if name in leased_names:
+                plan.leased.append(item)
+            elif now - st.st_mtime < policy.grace:
+                plan.young.append(item)
+            else:
+                first = previous.get(name)
+                plan.first_seen[name] = first if first is not None else now
+                if first is not None and now - first >= policy.grace:
+                    plan.trash.append(item)
+                else:
+                    plan.pending.append(item)
+
+
+def _temp_digest(name: str, pattern: re.Pattern[str]) -> Digest | None:
+    m = pattern.match(name)
+    if m is None or m.group(1) is None:
+        return None
+    return Digest(m.group(1)[7:])
+
+
+def _plan_temps(layout: Layout, plan: GcPlan, wanted: set[Digest]) -> None:
+    """Temp and partial files of every writer, ours and Ollama's, past the partial grace."""
+    places: list[tuple[Path, re.Pattern[str] | None]] = [
+        (layout.blobs, _OLLAMA_TEMP),
+        (layout.tmp, _OUR_TEMP_DIGEST),
+        (layout.leases, None),
+    ]
+    for directory, pattern in places:
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            continue
+        for de in entries:
+            if directory == layout.blobs:
+                if _OLLAMA_TEMP.fullmatch(de.name) is None:
+                    continue
+            elif directory == layout.leases and not (
+                de.name.startswith(".") and de.name.endswith(".tmp")
+            ):
+                continue  # leases themselves expire by their TTL and are rewritten when alive
+            st = _stat(Path(de.path))
+            if st is None or not stat.S_ISREG(st.st_mode):
+                continue
+            digest = _temp_digest(de.name, pattern) if pattern is not None else None
+            item = _item(Path(de.path), layout.root, st, digest)
+            old = plan.now - st.st_mtime >= plan.policy.partial_grace
+            if old and (digest is None or digest not in wanted):
+                plan.temps.append(item)
+            else:
+                plan.temps_kept.append(item)
+
+
+def _plan_trash(layout: Layout, plan: GcPlan, wanted: set[Digest]) -> None:
+    try:
+        stamps = sorted(os.scandir(layout.trash), key=lambda d: d.name)
+    except OSError:
+        return
+    for stamp_dir in stamps:
+        when = _stamp_time(stamp_dir.name)
+        try:
+            entries = list(os.scandir(stamp_dir.path))
+        except OSError:
+            continue
+        for de in entries:
+            st = _stat(Path(de.path))
+            if st is None or not stat.S_ISREG(st.st_mode):
+                continue
+            digest = Digest(de.name[7:]) if is_blob_name(de.name) else None
+            item = _item(Path(de.path), layout.root, st, digest)
+            if digest is not None and digest in wanted and not os.path.lexists(layout.blob(digest)):
+                plan.restore.append(item)
+            elif when is None or plan.now - when >= plan.policy.trash_retention:
+                plan.purge.append(item)
+
+
+# -- the steps ---------------------------------------------------------------------------------
+def move_to_trash(layout: Layout, item: FileItem, trash_dir: Path, grace: float) -> bool:
+    """Move one blob into this run's trash dir; False when it changed since the plan (touched,
+    replaced or gone), which means someone wants it."""
+    st = _stat(item.path)
+    if st is None or st.st_mtime != item.mtime or st.st_size != item.size:
+        return False
+    if time.time() - st.st_mtime < grace:
+        return False
+    trash_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        os.rename(item.path, trash_dir / item.path.name)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def put_back(layout: Layout, item: FileItem) -> bool:
+    """Return a trashed blob to blobs/, unless a blob of that name has appeared meanwhile."""
+    assert item.digest is not None
+    target = layout.blob(item.digest)
+    try:
+        os.link(item.path, target)  # fails if the name exists: never replaces a blob
+    except FileExistsError:
+        pass
+    except OSError:
+        return False
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(item.path)
+    with contextlib.suppress(OSError):
+        os.utime(target)  # young again, so no pass counts it as long unreferenced
+    return True
+
+
+def delete_file(item: FileItem, *, same_mtime: bool = True) -> bool:
+    st = _stat(item.path)
+    if st is None or (same_mtime and st.st_mtime != item.mtime):
+        return False
+    try:
+        os.unlink(item.path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def remove_empty_dirs(paths: Iterable[Path]) -> None:
+    for path in paths:
+        with contextlib.suppress(OSError):
+            path.rmdir()
+
+
+def leases_and_reach(layout: Layout) -> tuple[LeaseSet, Reach]:
+    """A fresh look just before acting, to drop candidates that became wanted since the plan."""
+    leases = read_leases(layout)
+    return leases, reachable(layout, manifests=leases.manifests)
