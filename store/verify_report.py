@@ -27,8 +27,8 @@ from typing import Any
 
 from store.digest import Digest
 from store.errors import InvalidDigestError
-from store.manifest import ManifestList
 from store.names import Name
+from store.reach import Reach
 from store.scan import StoreIndex
 
 # -- what manifests say ------------------------------------------------------------------------
@@ -70,24 +70,6 @@ class Survey:
     referenced: set[Digest] = field(default_factory=set)
 
 
-def referenced_digests(index: StoreIndex) -> set[Digest]:
-    """Digests the manifests of `index` name: configs, layers, manifest blobs, list children.
-
-    TODO(reach): replace by `store.reach.reachable(layout).digests`, which also reads legacy
-    files a v2 tag hides and counts unreadable manifests; until it lands this sees what the
-    scan shows (one entry per name).
-    """
-    out: set[Digest] = set()
-    for entry in index:
-        out.add(entry.top.digest)
-        if isinstance(entry.top, ManifestList):
-            out.update(child.digest for child in entry.top.children)
-        for variant in entry.variants:
-            out.add(variant.manifest.digest)
-            out.update(variant.manifest.blob_digests())
-    return out
-
-
 def _lsize(root: Path, rel: str) -> int | None:
     try:
         st = os.lstat(root / rel)
@@ -110,9 +92,10 @@ def misnamed_fix(root: Path, rel: str) -> str:
     return f"mv '{rel}' blobs/{canonical}"
 
 
-def survey(index: StoreIndex, referenced: set[Digest]) -> Survey:
+def survey(index: StoreIndex, reach: Reach) -> Survey:
+    """What the scan and the reachability walk (shared with GC) say, besides blob hashes."""
     root = index.layout.root
-    out = Survey(referenced=referenced)
+    out = Survey(referenced=reach.digests)
     foreign: dict[Digest, str] = {}
     for problem in index.problems:
         if problem.kind == "foreign-blob":
@@ -124,6 +107,14 @@ def survey(index: StoreIndex, referenced: set[Digest]) -> Survey:
         elif problem.kind in ("stray", "bad-blob"):
             out.stray.append((problem.path, _lsize(root, problem.path), problem.message))
         elif problem.kind == "bad-manifest":
+            out.bad_manifests.append((problem.path, problem.message))
+    # The reachability walk reads every manifest file, also legacy files a v2 tag hides: one of
+    # those that cannot be read is a broken manifest too (one the scan calls a stray, such as
+    # a `.DS_Store` where a tag would be, stays a stray: it is no lost model).
+    known = {path for path, _ in out.bad_manifests} | {path for path, _, _ in out.stray}
+    for problem in reach.unreadable:
+        if problem.path not in known:
+            known.add(problem.path)
             out.bad_manifests.append((problem.path, problem.message))
 
     seen: set[tuple[Digest, str]] = set()

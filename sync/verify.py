@@ -34,6 +34,7 @@ import trio
 
 from store.digest import Digest, is_blob_name
 from store.layout import Layout
+from store.reach import reachable
 from store.scan import scan_store
 from store.verify import (
     BlobCheck,
@@ -43,7 +44,7 @@ from store.verify import (
     quarantine_blob,
     quarantined,
 )
-from store.verify_report import Corrupt, Owner, Repair, Report, referenced_digests, survey
+from store.verify_report import Corrupt, Owner, Repair, Report, survey
 from sync.errors import SyncError
 from sync.threads import in_thread, run_unwrapped
 
@@ -170,7 +171,8 @@ async def verify(layout: Layout, options: VerifyOptions | None = None) -> Report
     report = Report(layout.root, mode)
 
     index = await trio.to_thread.run_sync(scan_store, layout)
-    found = survey(index, referenced_digests(index))
+    reach = await trio.to_thread.run_sync(reachable, layout)
+    found = survey(index, reach)
     blobs = await trio.to_thread.run_sync(_list_blobs, layout)
     cache = await trio.to_thread.run_sync(VerifyCache.load, layout)
     log.info(

@@ -513,3 +513,26 @@ def test_bad_manifest_fails_and_orphans_are_qualified(tmp_path: Path) -> None:
     assert report["orphaned"]["blobs"]
     rc, text = verify_text(m.root)
     assert "some may belong to the bad manifests above" in text
+
+
+def test_blobs_of_a_legacy_file_hidden_by_v2_are_not_orphans(tmp_path: Path) -> None:
+    """Reachability is GC's (store.reach): every manifest file counts, also a legacy anchor
+    that a v2 tag of the same name hides from the scan."""
+    m = Model(tmp_path / "models")
+    anchor = m.tiny.manifest([m.tiny.layer("model", b"weights only the anchor names")])
+    v2 = m.tiny.manifest([m.tiny.layer("model", b"weights of the v2 tag")])
+    m.tiny.legacy("hidden:1", anchor)
+    m.tiny.v2("hidden:1", v2)
+    assert scan_store(m.root).lookup("hidden:1").source == "v2"
+    rc, report, _ = verify(m.root)
+    assert rc == 0
+    assert report["orphaned"] == {"bytes": 0, "blobs": []}
+
+
+def test_demo_store_is_whole(tmp_path: Path) -> None:
+    from modelfs.demo import build_demo_store
+
+    demo = build_demo_store(tmp_path / "models")
+    rc, report, _ = verify(demo.root)
+    assert rc == 0, report["problems"]
+    assert report["orphaned"]["blobs"] == [] and report["missing"] == []
