@@ -306,6 +306,68 @@ def cmd_pull(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_verify(args: argparse.Namespace) -> int:
+    from modelfs.verify import render
+    from sync.verify import VerifyOptions, run_verify
+
+    if not args.verbose:
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+    sources = [u.rstrip("/") for u in args.repair_from or ()]
+    for url in sources:
+        if not url.startswith(("http://", "https://")):
+            raise UserError(
+                f"--repair-from {url!r}: expected http://HOST[:PORT] or https://HOST[:PORT]"
+            )
+    authorization = None
+    if args.token_file is not None:
+        from sync.pull import read_credentials
+
+        authorization = read_credentials(args.token_file)
+    root = find_store_root(args.store)
+    options = VerifyOptions(
+        quick=args.quick,
+        repair_from=sources,
+        authorization=authorization,
+        read_timeout=args.timeout,
+    )
+    report = run_verify(root, options)
+    if args.json:
+        _print(json.dumps(report.as_json(), indent=2, ensure_ascii=False))
+    else:
+        _print(render(report))
+    return 0 if report.ok else 1
+
+
+VERIFY_EPILOG = """\
+Exit status: 0 when every blob matches its name and every manifest is readable and has all its
+blobs (after any repair); 1 when a blob is corrupt or unreadable, a manifest names a missing
+blob or a blob of the wrong size, or a manifest is unreadable. Orphaned blobs, stray files and
+`sha256:`-named blobs are reported but alone do not fail the run: they cost disk space, not
+models (`modelfs gc` reclaims orphans; the fix for a misnamed blob is printed).
+
+Corrupt blobs are moved to <store>/.modelfs/quarantine/ and are then no longer served by a mount
+or `modelfs serve`. With --repair-from, each corrupt or missing blob is fetched again from the
+peer(s), verified, and its quarantined copy deleted.
+
+Cache: <store>/.modelfs/verify/cache.json records, for each blob that passed a full check, its
+inode, size, mtime and xxh3. A full run hashes every blob with sha256 (and xxh3). --quick
+hashes with xxh3 only the blobs whose inode, size and mtime match the cache, confirming any
+mismatch with sha256, and fully checks the rest; every byte is still read.
+"""
+
+
+def _peer_arguments(p: argparse.ArgumentParser, token_help: str) -> None:
+    """`--token-file` and `--timeout`, for commands that fetch from peers."""
+    p.add_argument("--token-file", metavar="F", type=Path, help=token_help)
+    p.add_argument(
+        "--timeout",
+        type=_duration,
+        default=30.0,
+        metavar="DURATION",
+        help="give up on a peer that sends nothing for this long (default: 30s)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -416,20 +478,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all-variants", action="store_true", help="every child of a manifest list")
     _add_prefer(p, "which child of a manifest list to fetch (default: llamacpp,ggml,mlx)")
     p.add_argument("--json", action="store_true", help="progress as NDJSON (Ollama's /api/pull)")
-    p.add_argument(
-        "--token-file",
-        metavar="F",
-        type=Path,
-        help="a bearer token, or user:password for a registry with basic auth",
-    )
-    p.add_argument(
-        "--timeout",
-        type=_duration,
-        default=30.0,
-        metavar="DURATION",
-        help="give up on a peer that sends nothing for this long (default: 30s)",
-    )
+    _peer_arguments(p, "a bearer token, or user:password for a registry with basic auth")
     p.set_defaults(func=cmd_pull)
+
+    p = sub.add_parser(
+        "verify",
+        parents=[common],
+        help="check every blob against its sha256; quarantine and repair corrupt ones",
+        description="Check every blob of the store against its name (sha256), on every core, "
+        "and report corrupt, unreadable, missing, orphaned, stray and misnamed files.",
+        epilog=VERIFY_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="xxh3 instead of sha256 for blobs unchanged since their last full check",
+    )
+    p.add_argument(
+        "--repair-from",
+        action="append",
+        metavar="URL",
+        help="fetch corrupt and missing blobs again from this peer (repeatable; tried in order)",
+    )
+    _peer_arguments(p, "a bearer token, or user:password, for the --repair-from peers")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON document")
+    p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser(
         "gc",

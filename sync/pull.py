@@ -74,7 +74,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import trio
@@ -125,11 +125,11 @@ from sync.partial import (
     split,
     start_writeback,
 )
+from sync.threads import in_thread, run_unwrapped
 
 log = logging.getLogger(__name__)
 
 MiB = 1 << 20
-T = TypeVar("T")
 WRITERS = 2  # threads writing one blob: two direct writes in flight keep a disk busy
 
 
@@ -324,41 +324,6 @@ class _Sources:
         self.errors.append((peer.url, exc))
         if isinstance(exc, (PeerLiedError, PeerAuthError, PeerNotFoundError)):
             self.banned[peer.url] = str(exc)
-
-
-# -- threads under trio -----------------------------------------------------------------------
-async def in_thread(fn: Callable[..., T], *args: Any, stop: threading.Event) -> T:
-    """Run `fn` in a worker thread. On cancellation, set `stop` (which `fn` polls) and wait
-    for the thread to return before unwinding, so no thread outlives the files it uses."""
-    lock = threading.Lock()
-    started = cancelled = False
-    finished = threading.Event()
-
-    def run() -> T:
-        nonlocal started
-        with lock:
-            if cancelled:  # cancelled while waiting for a thread: never start
-                raise Stopped()
-            started = True
-        try:
-            return fn(*args)
-        finally:
-            finished.set()
-
-    try:
-        return await trio.to_thread.run_sync(run, abandon_on_cancel=True)
-    except trio.Cancelled:
-        stop.set()
-        with lock:
-            cancelled = True
-            running = started
-        if running:
-            with trio.CancelScope(shield=True):
-                # The thread polls `stop` every POLL seconds. (Waiting for it in another
-                # thread would need a slot in a pool that may be full.)
-                while not finished.is_set():  # noqa: ASYNC110
-                    await trio.sleep(0.01)
-        raise
 
 
 # -- one large blob in flight -----------------------------------------------------------------
@@ -768,6 +733,30 @@ class Puller:
         return written
 
     # -- blobs --------------------------------------------------------------------------------
+    async def fetch_blob(self, name: Name, digest: Digest, size: int) -> ModelResult:
+        """Fetch one blob by digest from the peers, under the repository of `name` (a model
+        whose manifest names it), verified and renamed into `blobs/` as a pull does; for
+        `modelfs verify --repair-from`. Raises a SyncError if no peer sends it."""
+        result = ModelResult(name.shortest, digest)
+        blobs = {digest: size}
+
+        async def fetch(lease: LiveLease) -> None:
+            try:
+                await lease.hold([digest])
+            except OSError as exc:
+                raise _local_error(exc, self.layout, "the pull's lease") from None
+            try:
+                await self._fetch_all(name, name.shortest, blobs, self.peers, result, blobs)
+            finally:
+                lease.drop([digest])
+
+        if self.lease is not None:
+            await fetch(self.lease)
+        else:
+            async with pull_lease(self.layout) as lease:
+                await fetch(lease)
+        return result
+
     async def _fetch_all(
         self,
         name: Name,
@@ -1311,6 +1300,24 @@ async def pull(
     except OSError as exc:
         raise _local_error(exc, layout, "anything") from None
     report = PullReport()
+    async with (
+        peer_clients(sources, options, authorization, http) as peers,
+        pull_lease(layout) as lease,
+    ):
+        puller = Puller(layout, peers, options, progress, lease)
+        for text in names:
+            report.models.append(await puller.pull_one(text))
+    return report
+
+
+@contextlib.asynccontextmanager
+async def peer_clients(
+    sources: Sequence[str],
+    options: PullOptions,
+    authorization: str | None = None,
+    http: httpx.AsyncClient | None = None,
+) -> AsyncIterator[list[PeerClient]]:
+    """A `PeerClient` per source URL, sharing one HTTP client (made here unless given)."""
     async with contextlib.AsyncExitStack() as stack:
         if http is None:
             http = await stack.enter_async_context(make_client())
@@ -1319,15 +1326,10 @@ async def pull(
             )
             if authorization:
                 http.headers["Authorization"] = authorization
-        peers = [
+        yield [
             PeerClient(url, http, authorization=authorization, read_timeout=options.read_timeout)
             for url in sources
         ]
-        lease = await stack.enter_async_context(pull_lease(layout))
-        puller = Puller(layout, peers, options, progress, lease)
-        for text in names:
-            report.models.append(await puller.pull_one(text))
-    return report
 
 
 def run_pull(
@@ -1351,16 +1353,7 @@ def run_pull(
             authorization=authorization,
         )
 
-    try:
-        return trio.run(main)
-    except BaseExceptionGroup as group:
-        # A nursery's lone failure, as itself: the CLI prints a SyncError as one line.
-        exc: BaseException = group
-        while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-            exc = exc.exceptions[0]
-        if exc is group:
-            raise
-        raise exc from None
+    return run_unwrapped(main)
 
 
 def read_credentials(path: str | os.PathLike[str] | None) -> str | None:
@@ -1386,7 +1379,9 @@ __all__ = [
     "PullReport",
     "Puller",
     "anchor_bytes",
+    "peer_clients",
     "pull",
     "run_pull",
+    "run_unwrapped",
     "select_children",
 ]

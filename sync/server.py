@@ -25,7 +25,8 @@ Choices a client can see:
   type; otherwise with the preferred present child (by `prefer`), as Ollama's registry gives
   old clients something runnable. By digest, any manifest the store holds is served as is.
 - Blobs are content-addressed, so any valid `<repo>` reaches any blob that is present: a
-  regular file (never a symlink) under its canonical name, not quarantined, and exactly as
+  regular file (never a symlink) under its canonical name, not the file `modelfs verify` put
+  in quarantine (it moves corrupt blobs out of blobs/), and exactly as
   long as the manifests that name it say. Scoping blobs by repository would protect nothing
   the single access rule does not already protect.
 - One `Range` (`a-b`, `a-`, `-n`) gets a 206; an unsatisfiable or malformed `bytes=` range a
@@ -227,6 +228,14 @@ def split_path(raw_path: bytes) -> list[str]:
             raise HTTPError(400, "NAME_INVALID", "empty path segment")
         segments.append(text)
     return segments
+
+
+def _same_file(st: os.stat_result, path: os.PathLike[str]) -> bool:
+    try:
+        other = os.lstat(path)
+    except OSError:
+        return False
+    return (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino)
 
 
 def _etag(digest: Digest, suffix: str = "") -> str:
@@ -689,7 +698,11 @@ class RegistryApp:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise MissingBlobError(f"blob {digest} not found")
-            if os.path.lexists(self.layout.quarantine / digest.blob_name):
+            # `modelfs verify` moves a corrupt blob out of blobs/ by rename, so what is here
+            # now is another file: a good copy from `--repair-from` or `ollama pull`, to be
+            # served. Only the same file in both places (a hardlink left by an interrupted or
+            # hand-made quarantine) is the quarantined bytes.
+            if _same_file(st, self.layout.quarantine / digest.blob_name):
                 raise CorruptBlobError(f"blob {digest} is quarantined")
             sizes = view.blob_sizes.get(digest)
             if sizes and st.st_size not in sizes:

@@ -539,10 +539,14 @@ async def test_blob_of_wrong_size_or_quarantined_is_not_served(tiny: TinyStore) 
     entry = view.index.lookup("llama3.2:3b")
     model = entry.variants[0].manifest.layers[0]
     template = entry.variants[0].manifest.layers[1]
+    license_ = entry.variants[0].manifest.layers[2]
     path = tiny.layout.blob(model.digest)
     path.write_bytes(path.read_bytes()[:-1])  # truncated behind our back
     tiny.layout.quarantine.mkdir(parents=True)
-    (tiny.layout.quarantine / template.digest.blob_name).write_bytes(b"")
+    # The quarantined file itself, still linked in blobs/ (a quarantine cut short).
+    os.link(tiny.layout.blob(template.digest), tiny.layout.quarantine / template.digest.blob_name)
+    # An older, bad copy in quarantine; blobs/ has a good one since (a repair): served.
+    (tiny.layout.quarantine / license_.digest.blob_name).write_bytes(b"")
     async with client_for(app_for(tiny.root)) as c:
         for digest in (model.digest, template.digest):
             r = await c.get(blob_url("library/llama3.2", digest))
@@ -550,6 +554,9 @@ async def test_blob_of_wrong_size_or_quarantined_is_not_served(tiny: TinyStore) 
             assert error_code(r) == "BLOB_UNKNOWN"
             r = await c.head(blob_url("library/llama3.2", digest))
             assert r.status_code == 404
+        r = await c.get(blob_url("library/llama3.2", license_.digest))
+        assert r.status_code == 200
+        assert r.content == b"MIT"
 
 
 async def test_blob_of_any_repo_is_served(demo: DemoStore) -> None:

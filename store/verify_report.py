@@ -1,0 +1,287 @@
+"""What `modelfs verify` reports: the store's state besides blob hashes, and the report itself.
+
+    survey(index, referenced) -> Survey        missing, stray, misnamed, bad manifests, owners
+    Report(...)                                 one run's findings; `.ok`, `.as_json()`
+
+Kinds of findings, and whether they make the store "not whole" (exit status 1):
+
+- corrupt: a blob whose sha256 is not its name (moved to quarantine)           — wrong
+- unreadable: a blob that cannot be read (EIO, EACCES)                         — wrong
+- missing: a manifest names a blob that is absent or has another size           — wrong
+- bad manifest: a manifest that cannot be read or parsed                        — wrong
+- orphaned: a blob no manifest names (`modelfs gc` reclaims it)                 — information
+- stray: a file that is not a blob or a manifest (Ollama partials, .DS_Store)   — information
+- misnamed: `sha256:<hex>` (a copy from another OS); Ollama renames these
+  itself at startup, and the fix is printed                                     — information
+- changed: a blob modified or replaced while it was read (not judged)           — information
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from store.digest import Digest
+from store.errors import InvalidDigestError
+from store.names import Name
+from store.reach import Reach
+from store.scan import StoreIndex
+
+# -- what manifests say ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """A manifest that names a blob."""
+
+    manifest: str  # path relative to the store root
+    name: Name  # the tag, for a repository name to fetch the blob under
+    label: str  # `gemma4:26b`, or `gemma4:26b@mlx` for a list's child
+
+
+@dataclass(slots=True)
+class Missing:
+    digest: Digest
+    size: int  # what the manifest says
+    actual: int | None  # the size of the file there, None when absent
+    owner: Owner
+    found_as: str | None = None  # `blobs/sha256:<hex>`: present under a foreign name
+    repaired: bool = False
+
+
+@dataclass(slots=True)
+class Misnamed:
+    path: str  # relative to the store root
+    size: int | None
+    fix: str  # a shell command, run in the store root
+
+
+@dataclass(slots=True)
+class Survey:
+    missing: list[Missing] = field(default_factory=list)
+    stray: list[tuple[str, int | None, str]] = field(default_factory=list)  # path, size, why
+    misnamed: list[Misnamed] = field(default_factory=list)
+    bad_manifests: list[tuple[str, str]] = field(default_factory=list)  # path, message
+    owners: dict[Digest, list[Owner]] = field(default_factory=dict)
+    referenced: set[Digest] = field(default_factory=set)
+
+
+def _lsize(root: Path, rel: str) -> int | None:
+    try:
+        st = os.lstat(root / rel)
+    except OSError:
+        return None
+    return None if st.st_mode & 0o170000 == 0o040000 else st.st_size
+
+
+def misnamed_fix(root: Path, rel: str) -> str:
+    """The command that gives a foreign-named blob Ollama's name (run in the store root)."""
+    name = rel.rsplit("/", 1)[-1]
+    try:
+        canonical = Digest.parse(name).blob_name
+    except InvalidDigestError:
+        return f"# not a digest: inspect {shlex.quote(rel)}"
+    # `name` matched the digest pattern, so it holds no quote: plain single quotes are safe.
+    if (root / "blobs" / canonical).exists():
+        # Both spellings present: the canonical one is what Ollama uses (verify checks it).
+        return f"rm '{rel}'"
+    return f"mv '{rel}' blobs/{canonical}"
+
+
+def survey(index: StoreIndex, reach: Reach) -> Survey:
+    """What the scan and the reachability walk (shared with GC) say, besides blob hashes."""
+    root = index.layout.root
+    out = Survey(referenced=reach.digests)
+    foreign: dict[Digest, str] = {}
+    for problem in index.problems:
+        if problem.kind == "foreign-blob":
+            out.misnamed.append(
+                Misnamed(problem.path, _lsize(root, problem.path), misnamed_fix(root, problem.path))
+            )
+            with contextlib.suppress(InvalidDigestError):
+                foreign[Digest.parse(problem.path.rsplit("/", 1)[-1])] = problem.path
+        elif problem.kind in ("stray", "bad-blob"):
+            out.stray.append((problem.path, _lsize(root, problem.path), problem.message))
+        elif problem.kind == "bad-manifest":
+            out.bad_manifests.append((problem.path, problem.message))
+    # The reachability walk reads every manifest file, also legacy files a v2 tag hides: one of
+    # those that cannot be read is a broken manifest too (one the scan calls a stray, such as
+    # a `.DS_Store` where a tag would be, stays a stray: it is no lost model).
+    known = {path for path, _ in out.bad_manifests} | {path for path, _, _ in out.stray}
+    for problem in reach.unreadable:
+        if problem.path not in known:
+            known.add(problem.path)
+            out.bad_manifests.append((problem.path, problem.message))
+
+    seen: set[tuple[Digest, str]] = set()
+    for entry in index.sorted_entries():
+        rel = str(entry.path.relative_to(root))
+        top = Owner(rel, entry.name, entry.name.shortest)
+        out.owners.setdefault(entry.top.digest, []).append(top)
+        for variant in entry.variants:
+            label = entry.name.shortest + (f"@{variant.runner}" if variant.from_list else "")
+            owner = Owner(rel, entry.name, label)
+            manifest = variant.manifest
+            if variant.from_list:
+                out.owners.setdefault(manifest.digest, []).append(owner)
+            sizes = {layer.digest: layer.size for layer in manifest.layers}
+            if manifest.config is not None:
+                sizes[manifest.config.digest] = manifest.config.size
+            for digest in manifest.blob_digests():
+                out.owners.setdefault(digest, []).append(owner)
+                info = index.blob_info(digest)
+                if (info is None or info.size != sizes[digest]) and (digest, rel) not in seen:
+                    seen.add((digest, rel))
+                    out.missing.append(
+                        Missing(
+                            digest,
+                            sizes[digest],
+                            None if info is None else info.size,
+                            owner,
+                            found_as=foreign.get(digest),
+                        )
+                    )
+    return out
+
+
+# -- the report --------------------------------------------------------------------------------
+@dataclass(slots=True)
+class Corrupt:
+    name: str  # sha256-<hex>
+    size: int
+    actual: str  # the sha256 its bytes have
+    owners: list[Owner]
+    quarantined: str | None = None  # where it went, relative to the store root
+    error: str | None = None  # why it could not be moved
+    repaired: bool = False
+
+
+@dataclass(slots=True)
+class Repair:
+    digest: Digest
+    size: int
+    ok: bool
+    detail: str  # the peer it came from, or why it could not be fetched
+    dropped: list[str] = field(default_factory=list)  # quarantined copies removed
+
+
+@dataclass(slots=True)
+class Report:
+    root: Path
+    mode: str  # "full" | "quick"
+    blobs: int = 0
+    bytes: int = 0  # bytes of the blobs checked
+    bytes_read: int = 0
+    sha256: int = 0  # blobs whose sha256 was computed
+    xxh3_only: int = 0  # blobs a quick check passed on xxh3 alone
+    seconds: float = 0.0
+    corrupt: list[Corrupt] = field(default_factory=list)
+    unreadable: list[tuple[str, str]] = field(default_factory=list)  # blob name, why
+    changed: list[str] = field(default_factory=list)
+    missing: list[Missing] = field(default_factory=list)
+    orphaned: list[tuple[str, int]] = field(default_factory=list)  # blob name, size
+    stray: list[tuple[str, int | None, str]] = field(default_factory=list)
+    misnamed: list[Misnamed] = field(default_factory=list)
+    bad_manifests: list[tuple[str, str]] = field(default_factory=list)
+    quarantine: list[tuple[str, int]] = field(default_factory=list)  # in quarantine afterwards
+    repairs: list[Repair] = field(default_factory=list)
+    cache_written: bool = True
+
+    @property
+    def orphaned_bytes(self) -> int:
+        return sum(size for _, size in self.orphaned)
+
+    @property
+    def stray_bytes(self) -> int:
+        return sum(size or 0 for _, size, _ in self.stray)
+
+    @property
+    def problems(self) -> list[str]:
+        """What makes the store not whole, after any repair (empty: exit status 0)."""
+        out = []
+        if n := sum(not c.repaired for c in self.corrupt):
+            out.append(f"{n} corrupt")
+        if self.unreadable:
+            out.append(f"{len(self.unreadable)} unreadable")
+        if n := len({m.digest for m in self.missing if not m.repaired}):
+            out.append(f"{n} missing")
+        if self.bad_manifests:
+            out.append(f"{len(self.bad_manifests)} bad manifest(s)")
+        return out
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def as_json(self) -> dict[str, Any]:
+        def owner(o: Owner) -> dict[str, str]:
+            return {"manifest": o.manifest, "name": o.label}
+
+        return {
+            "store": str(self.root),
+            "mode": self.mode,
+            "ok": self.ok,
+            "problems": self.problems,
+            "checked": {
+                "blobs": self.blobs,
+                "bytes": self.bytes,
+                "bytes_read": self.bytes_read,
+                "sha256": self.sha256,
+                "xxh3_only": self.xxh3_only,
+                "seconds": round(self.seconds, 3),
+            },
+            "corrupt": [
+                {
+                    "blob": f"blobs/{c.name}",
+                    "digest": "sha256:" + c.name.removeprefix("sha256-"),
+                    "size": c.size,
+                    "actual": f"sha256:{c.actual}",
+                    "quarantined": c.quarantined,
+                    "error": c.error,
+                    "repaired": c.repaired,
+                    "manifests": [owner(o) for o in c.owners],
+                }
+                for c in self.corrupt
+            ],
+            "unreadable": [{"blob": f"blobs/{n}", "error": why} for n, why in self.unreadable],
+            "changed": [f"blobs/{n}" for n in self.changed],
+            "missing": [
+                {
+                    "digest": str(m.digest),
+                    "size": m.size,
+                    "actual_size": m.actual,
+                    "found_as": m.found_as,
+                    "repaired": m.repaired,
+                    **owner(m.owner),
+                }
+                for m in self.missing
+            ],
+            "orphaned": {
+                "bytes": self.orphaned_bytes,
+                "blobs": [{"blob": f"blobs/{n}", "size": s} for n, s in self.orphaned],
+            },
+            "stray": {
+                "bytes": self.stray_bytes,
+                "files": [{"path": p, "size": s, "why": why} for p, s, why in self.stray],
+            },
+            "misnamed": [{"path": m.path, "size": m.size, "fix": m.fix} for m in self.misnamed],
+            "bad_manifests": [{"path": p, "message": msg} for p, msg in self.bad_manifests],
+            "quarantine": [
+                {"path": f".modelfs/quarantine/{n}", "size": s} for n, s in self.quarantine
+            ],
+            "repairs": [
+                {
+                    "digest": str(r.digest),
+                    "size": r.size,
+                    "ok": r.ok,
+                    "detail": r.detail,
+                    "dropped_from_quarantine": r.dropped,
+                }
+                for r in self.repairs
+            ],
+            "cache_written": self.cache_written,
+        }

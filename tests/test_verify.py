@@ -1,0 +1,538 @@
+"""`modelfs verify` (DESIGN §5, issue 5): real stores, the real command, a real server and mount.
+
+The damage is what users report: a blob zeroed at full size (its mtime put back, so nothing
+but the bytes betrays it), a truncated or deleted blob, Ollama's partials, a blob copied from
+Windows as `sha256:<hex>`, orphans after `ollama rm`. Each test checks the exit status, the
+JSON report and the store afterwards.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from store.digest import Digest
+from store.layout import Layout
+from store.names import parse_name
+from store.scan import scan_store
+from store.verify import VerifyCache, check_blob, quarantine_blob
+from sync.verify import VerifyOptions, run_verify
+from tests.builders import TinyStore
+from tests.mounting import fuse, mounted
+from tests.test_mount import wait_until
+from tests.test_pull import weights
+from tests.test_serve_process import served
+
+MODELFS = str(Path(sys.executable).with_name("modelfs"))
+MiB = 1 << 20
+
+
+# -- helpers ----------------------------------------------------------------------------------
+class Model:
+    """`llama3.2:3b` in a TinyStore: a model blob of `size` bytes, template, license, config."""
+
+    def __init__(self, root: Path, size: int = 2 * MiB, name: str = "llama3.2:3b") -> None:
+        self.tiny = TinyStore(root)
+        self.payload = weights(size)
+        self.raw = self.tiny.gguf_model(name, self.payload)
+        self.digest = Digest.of_bytes(self.payload)
+        self.name = name
+
+    @property
+    def root(self) -> Path:
+        return self.tiny.root
+
+    @property
+    def layout(self) -> Layout:
+        return self.tiny.layout
+
+    @property
+    def blob(self) -> Path:
+        return self.layout.blob(self.digest)
+
+    def layers(self) -> list[dict[str, Any]]:
+        return json.loads(self.raw)["layers"]  # type: ignore[no-any-return]
+
+
+def verify(root: Path, *args: str) -> tuple[int, dict[str, Any], str]:
+    """`modelfs verify --json` as a process: (exit status, report, stderr)."""
+    proc = subprocess.run(
+        [MODELFS, "verify", "--store", str(root), "--json", *args],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    err = proc.stderr.decode(errors="replace")
+    assert proc.returncode in (0, 1), err
+    assert "Traceback" not in err, err
+    return proc.returncode, json.loads(proc.stdout), err
+
+
+def verify_text(root: Path, *args: str) -> tuple[int, str]:
+    proc = subprocess.run(
+        [MODELFS, "verify", "--store", str(root), *args],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert "Traceback" not in proc.stderr.decode(errors="replace")
+    return proc.returncode, proc.stdout.decode()
+
+
+def zero_in_place(path: Path) -> None:
+    """Overwrite every byte with zeros, same inode, same size, mtime put back to the ns."""
+    st = path.stat()
+    with open(path, "r+b") as f:
+        f.write(bytes(st.st_size))
+        f.flush()
+        os.fsync(f.fileno())
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    after = path.stat()
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (
+        st.st_ino,
+        st.st_size,
+        st.st_mtime_ns,
+    )
+
+
+def blob_names(report: dict[str, Any], key: str) -> list[str]:
+    return [c["blob"] for c in report[key]]
+
+
+# -- a clean store ----------------------------------------------------------------------------
+def test_clean_store_passes(tmp_path: Path) -> None:
+    m = Model(tmp_path / "models")
+    rc, report, _ = verify(m.root)
+    assert rc == 0
+    assert report["ok"] is True and report["problems"] == []
+    assert report["mode"] == "full"
+    # model, template, license, config
+    assert report["checked"]["blobs"] == 4
+    assert report["checked"]["sha256"] == 4
+    assert report["checked"]["bytes"] == sum(p.stat().st_size for p in m.layout.blobs.iterdir())
+    for key in ("corrupt", "unreadable", "missing", "misnamed", "bad_manifests", "quarantine"):
+        assert report[key] == [], key
+    assert report["orphaned"] == {"bytes": 0, "blobs": []}
+    rc, text = verify_text(m.root, "--quick")
+    assert rc == 0
+    assert text.strip().endswith("ok: every blob matches its name and every manifest is whole")
+
+
+# -- a blob zeroed at full size -----------------------------------------------------------------
+def test_zeroed_blob_full_check_catches_it(tmp_path: Path) -> None:
+    m = Model(tmp_path / "models")
+    zero_in_place(m.blob)
+    rc, report, err = verify(m.root)
+    assert rc == 1
+    assert report["ok"] is False and report["problems"] == ["1 corrupt"]
+    [corrupt] = report["corrupt"]
+    assert corrupt["blob"] == f"blobs/{m.digest.blob_name}"
+    assert corrupt["size"] == len(m.payload)
+    assert corrupt["actual"] == str(Digest.of_bytes(bytes(len(m.payload))))
+    assert corrupt["quarantined"] == f".modelfs/quarantine/{m.digest.blob_name}"
+    assert corrupt["manifests"] == [
+        {"manifest": "manifests/registry.ollama.ai/library/llama3.2/3b", "name": "llama3.2:3b"}
+    ]
+    # Reported once: as corrupt, not also as a missing blob of its manifest.
+    assert report["missing"] == []
+    assert not m.blob.exists()
+    assert (m.layout.quarantine / m.digest.blob_name).read_bytes() == bytes(len(m.payload))
+    assert "is corrupt" in err
+    # Afterwards the model lacks that blob: reported as missing, still not ok.
+    rc, report, _ = verify(m.root)
+    assert rc == 1
+    assert [x["digest"] for x in report["missing"]] == [str(m.digest)]
+    assert report["quarantine"] == [
+        {"path": f".modelfs/quarantine/{m.digest.blob_name}", "size": len(m.payload)}
+    ]
+
+
+@fuse
+def test_zeroed_blob_quick_check_catches_it_and_nobody_serves_it(tmp_path: Path) -> None:
+    m = Model(tmp_path / "models")
+    rc, report, _ = verify(m.root)  # the full check the quick one compares with
+    assert rc == 0
+    blob_url_path = f"/v2/library/llama3.2/blobs/{m.digest}"
+    mnt = tmp_path / "mnt"
+    with served(m.root) as (url, _), mounted(m.root, mnt):
+        model_file = mnt / "llama3.2" / "3b" / "model.gguf"
+        raw_file = mnt / ".blobs" / m.digest.blob_name
+        assert model_file.read_bytes() == m.payload
+        zero_in_place(m.blob)
+        # Until verify runs, the zeroed bytes are what everyone gets (so the test can fail).
+        r = httpx.get(url + blob_url_path)
+        assert r.status_code == 200 and r.content == bytes(len(m.payload))
+
+        rc, report, _ = verify(m.root, "--quick")
+        assert rc == 1
+        assert report["mode"] == "quick"
+        assert blob_names(report, "corrupt") == [f"blobs/{m.digest.blob_name}"]
+        # Three blobs passed on xxh3 alone; the zeroed one was confirmed with sha256.
+        assert report["checked"]["xxh3_only"] == 3
+        assert report["checked"]["sha256"] == 1
+        assert not m.blob.exists()
+        assert (m.layout.quarantine / m.digest.blob_name).exists()
+
+        assert httpx.head(url + blob_url_path).status_code == 404
+        assert httpx.get(url + blob_url_path).status_code == 404
+        # The mount drops the file (and the raw blob) within a few seconds.
+        assert wait_until(lambda: "model.gguf" not in os.listdir(model_file.parent), 5)
+        assert wait_until(lambda: m.digest.blob_name not in os.listdir(mnt / ".blobs"), 5)
+        assert not raw_file.exists()
+        status = (model_file.parent / ".ollama" / "status").read_text()
+        assert f"missing blob {m.digest}" in status
+
+
+# -- other damage -------------------------------------------------------------------------------
+def test_truncated_blob(tmp_path: Path) -> None:
+    m = Model(tmp_path / "models")
+    assert verify(m.root)[0] == 0
+    with open(m.blob, "r+b") as f:
+        f.truncate(len(m.payload) // 2)
+    # The cache key (size, mtime) no longer matches: quick does a full check.
+    rc, report, _ = verify(m.root, "--quick")
+    assert rc == 1
+    [corrupt] = report["corrupt"]
+    assert corrupt["size"] == len(m.payload) // 2
+    assert corrupt["quarantined"] is not None
+    assert report["checked"]["sha256"] == 1 and report["checked"]["xxh3_only"] == 3
+    assert report["missing"] == []
+
+
+def test_missing_blob_names_its_manifest(tmp_path: Path) -> None:
+    m = Model(tmp_path / "models")
+    license_ = m.layers()[2]
+    m.layout.blob(Digest.parse(license_["digest"])).unlink()
+    rc, report, _ = verify(m.root)
+    assert rc == 1
+    assert report["problems"] == ["1 missing"]
+    assert report["missing"] == [
+        {
+            "digest": license_["digest"],
+            "size": license_["size"],
+            "actual_size": None,
+            "found_as": None,
+            "repaired": False,
+            "manifest": "manifests/registry.ollama.ai/library/llama3.2/3b",
+            "name": "llama3.2:3b",
+        }
+    ]
+    rc, text = verify_text(m.root)
+    assert rc == 1
+    assert f"MISSING     {license_['digest']}" in text
+    assert "for llama3.2:3b (manifests/registry.ollama.ai/library/llama3.2/3b): absent" in text
+
+
+def test_orphans_are_reported_with_bytes_and_do_not_fail(tmp_path: Path) -> None:
+    m = Model(tmp_path / "models")
+    a = m.tiny.blob(weights(300_000, seed=1))
+    b = m.tiny.blob(weights(5_000, seed=2))
+    rc, report, _ = verify(m.root)
+    assert rc == 0
+    assert report["orphaned"] == {
+        "bytes": 305_000,
+        "blobs": [
+            {"blob": f"blobs/{a.blob_name}", "size": 300_000},
+            {"blob": f"blobs/{b.blob_name}", "size": 5_000},
+        ],
+    }
+    rc, text = verify_text(m.root)
+    assert rc == 0
+    assert "ORPHANED    2 blob(s), 305 KB" in text
+
+
+def test_stray_partial_is_reported_with_bytes(tmp_path: Path) -> None:
+    m = Model(tmp_path / "models")
+    partial = m.layout.blobs / f"{Digest('1' * 64).blob_name}-partial"
+    partial.write_bytes(b"\0" * 12345)
+    (m.layout.blobs / f"{Digest('1' * 64).blob_name}-partial-0").write_bytes(b"{}")
+    rc, report, _ = verify(m.root)
+    assert rc == 0
+    assert report["stray"]["bytes"] == 12345 + 2
+    paths = {f["path"]: f["size"] for f in report["stray"]["files"]}
+    assert paths == {
+        f"blobs/{partial.name}": 12345,
+        f"blobs/{partial.name}-0": 2,
+    }
+    assert partial.exists()  # reported, never deleted
+
+
+def test_sha256_colon_blob_gets_a_fix(tmp_path: Path) -> None:
+    m = Model(tmp_path / "models")
+    foreign = m.layout.blobs / f"sha256:{m.digest.hex}"
+    os.rename(m.blob, foreign)  # as a copy from Windows leaves it
+    rc, report, _ = verify(m.root)
+    assert rc == 1  # the model lacks its blob under the name Ollama reads
+    fix = f"mv 'blobs/sha256:{m.digest.hex}' blobs/{m.digest.blob_name}"
+    assert report["misnamed"] == [
+        {"path": f"blobs/sha256:{m.digest.hex}", "size": len(m.payload), "fix": fix}
+    ]
+    [missing] = report["missing"]
+    assert missing["found_as"] == f"blobs/sha256:{m.digest.hex}"
+    assert foreign.exists()  # printed, not done
+    rc, text = verify_text(m.root)
+    assert fix in text
+    # The printed fix, run in the store root, makes the store whole.
+    subprocess.run(["sh", "-c", fix], cwd=m.root, check=True)
+    rc, report, _ = verify(m.root)
+    assert rc == 0 and report["misnamed"] == []
+
+
+# -- the cache ----------------------------------------------------------------------------------
+def test_quick_uses_the_cache_and_a_changed_mtime_forces_sha256(tmp_path: Path) -> None:
+    m = Model(tmp_path / "models")
+    rc, report, _ = verify(m.root, "--quick")  # no cache yet: every blob gets sha256
+    assert rc == 0 and report["checked"]["sha256"] == 4 and report["checked"]["xxh3_only"] == 0
+    cache = json.loads(VerifyCache.path_for(m.layout).read_bytes())
+    assert set(cache["blobs"]) == {p.name for p in m.layout.blobs.iterdir()}
+    entry = cache["blobs"][m.digest.blob_name]
+    st = m.blob.stat()
+    assert (entry["ino"], entry["size"], entry["mtime_ns"]) == (
+        st.st_ino,
+        st.st_size,
+        st.st_mtime_ns,
+    )
+    assert len(entry["xxh3"]) == 32
+
+    rc, report, _ = verify(m.root, "--quick")
+    assert rc == 0 and report["checked"]["sha256"] == 0 and report["checked"]["xxh3_only"] == 4
+    assert report["checked"]["bytes_read"] == report["checked"]["bytes"]  # every byte read
+
+    os.utime(m.blob, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    rc, report, _ = verify(m.root, "--quick")
+    assert rc == 0 and report["checked"]["sha256"] == 1 and report["checked"]["xxh3_only"] == 3
+
+    # A full run hashes everything with sha256 whatever the cache says.
+    rc, report, _ = verify(m.root)
+    assert rc == 0 and report["checked"]["sha256"] == 4 and report["checked"]["xxh3_only"] == 0
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [b"", b"{not json", b'{"version":1,"blobs":{"sha256-' + b"a" * 64 + b'":{"ino":"x"}}}', b"[]"],
+    ids=["empty", "not-json", "bad-entry", "wrong-shape"],
+)
+def test_damaged_cache_is_ignored_with_one_line(tmp_path: Path, damage: bytes) -> None:
+    m = Model(tmp_path / "models")
+    assert verify(m.root)[0] == 0
+    VerifyCache.path_for(m.layout).write_bytes(damage)
+    rc, report, err = verify(m.root, "--quick")
+    assert rc == 0
+    assert report["checked"]["sha256"] == 4  # nothing trusted from it
+    lines = [line for line in err.splitlines() if "verify cache" in line]
+    assert len(lines) == 1, err
+    assert "ignoring it" in lines[0]
+    # Rewritten whole: the next quick run uses it.
+    rc, report, err = verify(m.root, "--quick")
+    assert rc == 0 and report["checked"]["xxh3_only"] == 4
+    assert "verify cache" not in err
+
+
+# -- repair -------------------------------------------------------------------------------------
+def test_repair_from_a_peer(tmp_path: Path) -> None:
+    source = Model(tmp_path / "source")
+    target_root = tmp_path / "target"
+    shutil.copytree(source.root, target_root, symlinks=True)
+    target = Layout(target_root)
+    template = Digest.parse(source.layers()[1]["digest"])
+    zero_in_place(target.blob(source.digest))
+    target.blob(template).unlink()
+    empty = TinyStore(tmp_path / "empty")
+
+    with served(empty.root) as (nothing_url, _):
+        rc, report, _ = verify(target_root, "--repair-from", nothing_url)
+    assert rc == 1
+    assert sorted(r["digest"] for r in report["repairs"]) == sorted(
+        [str(source.digest), str(template)]
+    )
+    assert not any(r["ok"] for r in report["repairs"])
+    assert (target.quarantine / source.digest.blob_name).exists()  # kept: no good copy yet
+
+    with served(source.root) as (url, _):
+        rc, report, err = verify(target_root, "--repair-from", nothing_url, "--repair-from", url)
+    assert rc == 0, err
+    assert report["ok"] is True
+    repairs = {r["digest"]: r for r in report["repairs"]}
+    assert set(repairs) == {str(source.digest), str(template)}  # the zeroed one was missing now
+    assert all(r["ok"] for r in repairs.values())
+    assert repairs[str(source.digest)]["dropped_from_quarantine"] == [source.digest.blob_name]
+    assert target.blob(source.digest).read_bytes() == source.payload
+    assert target.blob(template).read_bytes() == b"{{ .Prompt }}"
+    assert report["quarantine"] == []
+    index = scan_store(target_root)
+    assert index.problems == []
+    assert index.missing_blobs(index.lookup(source.name).variants[0].manifest) == []
+    rc, report, _ = verify(target_root)
+    assert rc == 0
+
+
+def test_repair_in_the_same_run_as_the_corruption_is_found(tmp_path: Path) -> None:
+    source = Model(tmp_path / "source")
+    target_root = tmp_path / "target"
+    shutil.copytree(source.root, target_root, symlinks=True)
+    target = Layout(target_root)
+    zero_in_place(target.blob(source.digest))
+    with served(source.root) as (url, _):
+        rc, text = verify_text(target_root, "--repair-from", url)
+    assert rc == 0, text
+    assert "CORRUPT" in text and "repaired" in text
+    assert "ok: every blob matches its name and every manifest is whole (1 repaired)" in text
+    assert target.blob(source.digest).read_bytes() == source.payload
+    assert not any(target.quarantine.iterdir())
+
+
+# -- unreadable, concurrent change, quarantine names --------------------------------------------
+def test_unreadable_blob_is_reported_not_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import store.verify as sv
+
+    m = Model(tmp_path / "models")
+    real = os.preadv
+
+    def failing(fd: int, buffers: list[memoryview], offset: int) -> int:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(m.digest.blob_name):
+            raise OSError(errno.EIO, "Input/output error")
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(sv.os, "preadv", failing)
+    report = run_verify(m.root, VerifyOptions())
+    assert not report.ok
+    assert report.problems == ["1 unreadable"]
+    assert report.unreadable == [(m.digest.blob_name, "Input/output error")]
+    assert m.blob.exists()  # not judged corrupt, not moved
+
+
+def test_blob_replaced_while_checked_is_not_judged(tmp_path: Path) -> None:
+    m = Model(tmp_path / "models")
+    zero_in_place(m.blob)
+    good = tmp_path / "good"
+    good.write_bytes(m.payload)
+    calls = []
+
+    def replace_once() -> bool:
+        if not calls:
+            os.replace(good, m.blob)  # `ollama pull` renames a good copy over it meanwhile
+        calls.append(1)
+        return False
+
+    check = check_blob(m.blob, None, quick=False, stop=replace_once)
+    assert check.status == "changed"
+    assert check.entry is None
+    assert check_blob(m.blob, None, quick=False).status == "ok"
+
+
+def test_quarantine_keeps_an_earlier_copy(tmp_path: Path) -> None:
+    m = Model(tmp_path / "models")
+    m.layout.quarantine.mkdir(parents=True)
+    (m.layout.quarantine / m.digest.blob_name).write_bytes(b"older")
+    zero_in_place(m.blob)
+    rc, report, _ = verify(m.root)
+    assert rc == 1
+    moved = report["corrupt"][0]["quarantined"]
+    assert moved.startswith(f".modelfs/quarantine/{m.digest.blob_name}.")
+    assert (m.layout.quarantine / m.digest.blob_name).read_bytes() == b"older"
+    assert (m.root / moved).read_bytes() == bytes(len(m.payload))
+    # A blob put back since it was checked is not moved.
+    m.blob.write_bytes(m.payload)
+    with pytest.raises(FileNotFoundError):
+        quarantine_blob(m.layout, m.digest.blob_name, ino=m.blob.stat().st_ino + 1)
+    assert m.blob.exists()
+
+
+def test_cli_errors_are_one_line(tmp_path: Path) -> None:
+    m = Model(tmp_path / "models")
+    for args, needle in (
+        (["--store", str(m.root), "--repair-from", "ftp://x"], "--repair-from 'ftp://x'"),
+        (["--store", str(tmp_path / "nowhere")], "no model store at"),
+    ):
+        proc = subprocess.run([MODELFS, "verify", *args], capture_output=True, check=False)
+        assert proc.returncode == 1
+        lines = proc.stderr.decode().strip().splitlines()
+        assert lines[-1].startswith("modelfs: error: ") and needle in lines[-1], lines
+    help_text = subprocess.run(
+        [MODELFS, "verify", "--help"], capture_output=True, check=True
+    ).stdout.decode()
+    assert "Exit status" in help_text and "Orphaned blobs" in help_text
+
+
+def test_json_shape(tmp_path: Path) -> None:
+    m = Model(tmp_path / "models")
+    _, report, _ = verify(m.root)
+    assert set(report) == {
+        "store",
+        "mode",
+        "ok",
+        "problems",
+        "checked",
+        "corrupt",
+        "unreadable",
+        "changed",
+        "missing",
+        "orphaned",
+        "stray",
+        "misnamed",
+        "bad_manifests",
+        "quarantine",
+        "repairs",
+        "cache_written",
+    }
+    assert set(report["checked"]) == {
+        "blobs",
+        "bytes",
+        "bytes_read",
+        "sha256",
+        "xxh3_only",
+        "seconds",
+    }
+    assert report["store"] == str(m.root)
+    assert set(report["orphaned"]) == {"bytes", "blobs"}
+    assert set(report["stray"]) == {"bytes", "files"}
+
+
+def test_bad_manifest_fails_and_orphans_are_qualified(tmp_path: Path) -> None:
+    m = Model(tmp_path / "models")
+    m.tiny.gguf_model("other:1", payload=b"other weights")
+    path = m.layout.legacy_manifest(parse_name("other:1"))
+    path.write_bytes(b"")  # a zero-length manifest, as a full disk leaves it
+    rc, report, _ = verify(m.root)
+    assert rc == 1
+    assert report["bad_manifests"] == [
+        {"path": "manifests/registry.ollama.ai/library/other/1", "message": "empty file"}
+    ]
+    # Its blobs look orphaned, and the text says they may not be.
+    assert report["orphaned"]["blobs"]
+    rc, text = verify_text(m.root)
+    assert "some may belong to the bad manifests above" in text
+
+
+def test_blobs_of_a_legacy_file_hidden_by_v2_are_not_orphans(tmp_path: Path) -> None:
+    """Reachability is GC's (store.reach): every manifest file counts, also a legacy anchor
+    that a v2 tag of the same name hides from the scan."""
+    m = Model(tmp_path / "models")
+    anchor = m.tiny.manifest([m.tiny.layer("model", b"weights only the anchor names")])
+    v2 = m.tiny.manifest([m.tiny.layer("model", b"weights of the v2 tag")])
+    m.tiny.legacy("hidden:1", anchor)
+    m.tiny.v2("hidden:1", v2)
+    assert scan_store(m.root).lookup("hidden:1").source == "v2"
+    rc, report, _ = verify(m.root)
+    assert rc == 0
+    assert report["orphaned"] == {"bytes": 0, "blobs": []}
+
+
+def test_demo_store_is_whole(tmp_path: Path) -> None:
+    from modelfs.demo import build_demo_store
+
+    demo = build_demo_store(tmp_path / "models")
+    rc, report, _ = verify(demo.root)
+    assert rc == 0, report["problems"]
+    assert report["orphaned"]["blobs"] == [] and report["missing"] == []
