@@ -40,7 +40,7 @@ from store.names import Name
 from store.scan import scan_store
 from sync.client import PeerClient
 from sync.config import ConfigError, SyncConfig, load_config
-from sync.errors import SyncError
+from sync.errors import PeerLiedError, SyncError
 from sync.gc import GcReport, run_gc
 from sync.http import make_client
 from sync.pull import PullOptions, pull
@@ -63,6 +63,7 @@ class PeerState:
     models: dict[str, str] = field(default_factory=dict)  # shortest name -> digest hex
     bytes_in: int = 0
     blobs_in: int = 0
+    verify_failures: int = 0  # bytes that did not hash to the digest asked for
     scope: trio.CancelScope | None = None  # its listing task, cancelled when it leaves the config
 
     def failed(self, exc: BaseException, interval: float) -> None:
@@ -288,6 +289,8 @@ class Daemon:
             report = await pull(self.layout, [name], sources, options=options, http=self.http)
         except (SyncError, StoreError) as exc:
             self.pull_failures += 1
+            if isinstance(exc, PeerLiedError):
+                self._lied(str(exc))
             log.warning("replicate %s from %s: %s", name, sources[0], exc)
             return
         finally:
@@ -296,6 +299,9 @@ class Daemon:
         self.lag_since.pop(name, None)
         self.local[name] = digest
         for result in report.models:
+            for url in result.avoided:
+                if url in self.peers:
+                    self.peers[url].verify_failures += 1
             peer = self.peers.get(sources[0])
             if peer is not None:
                 peer.bytes_in += result.fetched_bytes
@@ -308,6 +314,12 @@ class Daemon:
                 result.fetched,
                 result.fetched_bytes,
             )
+
+    def _lied(self, message: str) -> None:
+        for url, peer in self.peers.items():
+            if message.startswith(url):
+                peer.verify_failures += 1
+                return
 
     # -- tag history ----------------------------------------------------------------------------
     async def remember(self) -> None:
@@ -401,6 +413,7 @@ class Daemon:
                     "models": p.models,
                     "bytes_in": p.bytes_in,
                     "blobs_in": p.blobs_in,
+                    "verify_failures": p.verify_failures,
                 }
                 for p in self.peers.values()
             ],
@@ -428,6 +441,12 @@ class Daemon:
                 "counter",
                 "Blobs pulled, by peer.",
                 [(label(p.url), p.blobs_in) for p in peers],
+            ),
+            (
+                "verify_failures_total",
+                "counter",
+                "Blobs or manifests a peer sent that did not hash to their digest.",
+                [(label(p.url), p.verify_failures) for p in peers],
             ),
             (
                 "peer_up",

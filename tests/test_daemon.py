@@ -395,3 +395,21 @@ def test_tag_history_keeps_the_replaced_version_for_its_retention(tmp_path: Path
             30,
             "the old version to go after the retention",
         )
+
+
+def test_a_peer_that_lies_is_counted_and_the_model_comes_from_another(tmp_path: Path) -> None:
+    origin = TinyStore(tmp_path / "origin")
+    raw = big_model(origin, "m:1", 12 * MiB)
+    blob = json.loads(raw)["layers"][0]["digest"].split(":")[1]
+    store = tmp_path / "store"
+    with (
+        fakepeer(origin.root, f"flip@{blob[:12]}") as liar,
+        fakepeer(origin.root) as honest,
+        daemon(
+            tmp_path, "v", store=str(store), peers=[liar, honest], replicate=["m:*"], interval="1s"
+        ) as d,
+    ):
+        wait_until(lambda: complete(store, "m:1"), 60, "m:1 from the honest peer")
+        metrics = httpx.get(f"{d.url}/metrics", timeout=10).text
+        assert f'modelfs_verify_failures_total{{peer="{liar}"}} 1' in metrics
+        assert f'modelfs_verify_failures_total{{peer="{honest}"}} 0' in metrics
