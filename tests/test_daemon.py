@@ -413,3 +413,23 @@ def test_a_peer_that_lies_is_counted_and_the_model_comes_from_another(tmp_path: 
         metrics = httpx.get(f"{d.url}/metrics", timeout=10).text
         assert f'modelfs_verify_failures_total{{peer="{liar}"}} 1' in metrics
         assert f'modelfs_verify_failures_total{{peer="{honest}"}} 0' in metrics
+
+
+def test_a_model_published_on_one_daemon_reaches_the_others_through_a_chain(
+    tmp_path: Path,
+) -> None:
+    a, b, c = (TinyStore(tmp_path / n) for n in ("a", "b", "c"))
+    a.gguf_model("first:1", b"first")
+    fast = {"interval": "1s", "replicate": ["*"]}
+    with (
+        daemon(tmp_path, "a", store=str(a.root), interval="1s") as da,
+        daemon(tmp_path, "b", store=str(b.root), peers=[da.url], **fast) as db,
+        daemon(tmp_path, "c", store=str(c.root), peers=[db.url], **fast),
+    ):
+        wait_until(lambda: complete(c.root, "first:1"), 30, "first:1 on c")
+        a.gguf_model("second:1", b"published on a later")  # as `ollama create` does
+        wait_until(lambda: complete(c.root, "second:1"), 30, "second:1 on c, via b")
+        assert complete(b.root, "second:1")
+        for name in ("first:1", "second:1"):
+            ours = {s.name.shortest: s.digest for s in scan_store(c.root)}[name]
+            assert ours == {s.name.shortest: s.digest for s in scan_store(a.root)}[name]
