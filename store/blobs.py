@@ -22,20 +22,16 @@ from store.digest import CHUNK, Digest
 from store.errors import CorruptBlobError, StoreError
 from store.layout import Layout
 from store.names import Name
+from store.owner import adopt, make_dirs
 
 FILE_MODE = 0o644
 DIR_MODE = 0o755
 
 
-def _make_dirs(path: Path) -> None:
-    """mkdir -p, fsyncing each new directory's parent so the new entry survives a crash."""
-    missing = []
-    while not path.is_dir():
-        missing.append(path)
-        path = path.parent
-    for d in reversed(missing):
-        with contextlib.suppress(FileExistsError):
-            d.mkdir(mode=DIR_MODE)
+def _make_dirs(path: Path, root: Path) -> None:
+    """mkdir -p, owned like the store, fsyncing each new directory's parent so the new entry
+    survives a crash."""
+    for d in make_dirs(path, root, DIR_MODE):
         fsync_dir(d.parent)
 
 
@@ -55,7 +51,7 @@ class BlobStore:
 
     def ensure_dirs(self) -> None:
         for d in (self.layout.blobs, self.layout.tmp):
-            d.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+            make_dirs(d, self.layout.root, DIR_MODE)
 
     @contextlib.contextmanager
     def temp_file(self, prefix: str = "blob-") -> Iterator[tuple[BinaryIO, Path]]:
@@ -104,6 +100,7 @@ class BlobStore:
 
     def _install(self, temp: Path, digest: Digest) -> Path:
         os.chmod(temp, FILE_MODE)
+        adopt(temp, self.layout.root)
         target = self.layout.blob(digest)
         os.replace(temp, target)
         os.utime(target)
@@ -142,13 +139,14 @@ class BlobStore:
         return digest
 
     def _replace_file(self, target: Path, data: bytes) -> None:
-        _make_dirs(target.parent)
+        _make_dirs(target.parent, self.layout.root)
         with self.temp_file("manifest-") as (f, temp):
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
             f.close()
             os.chmod(temp, FILE_MODE)
+            adopt(temp, self.layout.root)
             if temp.stat().st_dev != target.parent.stat().st_dev:
                 raise StoreError(f"{self.layout.tmp} and {target.parent} are on different devices")
             os.replace(temp, target)
@@ -167,13 +165,14 @@ class BlobStore:
         """
         digest = self.put_bytes(raw)
         target = self.layout.v2_manifest(name)
-        _make_dirs(target.parent)
+        _make_dirs(target.parent, self.layout.root)
         blob = self.layout.blob(digest)
         # The link is made in our tmp dir and renamed into place, so no half-made entry ever
         # sits at depth 4 of manifests-v2/, where Ollama would take it for a bad manifest.
         link = self.layout.tmp / f"link-{secrets.token_hex(8)}"
         try:
             os.symlink(os.path.relpath(blob, target.parent), link)
+            adopt(link, self.layout.root)
         except OSError:
             try:
                 os.link(blob, link)

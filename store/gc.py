@@ -35,6 +35,7 @@ from pathlib import Path
 from store.digest import Digest, is_blob_name
 from store.layout import Layout
 from store.leases import LeaseSet, read_leases
+from store.owner import adopt, make_dirs
 from store.reach import Reach, reachable
 from store.scan import Problem
 
@@ -141,10 +142,11 @@ def load_first_seen(layout: Layout) -> dict[str, float]:
 
 def save_first_seen(layout: Layout, first_seen: dict[str, float]) -> None:
     path = state_path(layout)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent, layout.root)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     body = {"version": STATE_VERSION, "first_seen": dict(sorted(first_seen.items()))}
     tmp.write_text(json.dumps(body, indent=0))
+    adopt(tmp, layout.root)
     os.replace(tmp, path)
 
 
@@ -281,7 +283,7 @@ def move_to_trash(layout: Layout, item: FileItem, trash_dir: Path, grace: float)
         return False
     if time.time() - st.st_mtime < grace:
         return False
-    trash_dir.mkdir(parents=True, exist_ok=True)
+    make_dirs(trash_dir, layout.root)
     try:
         os.rename(item.path, trash_dir / item.path.name)
     except FileNotFoundError:

@@ -72,6 +72,7 @@ from store.manifest import (
     parse_manifest,
 )
 from store.names import Name, name_from_path_parts, parse_name
+from store.owner import adopt, make_dirs
 from store.scan import Entry, StoreIndex, read_limited
 
 log = logging.getLogger(__name__)
@@ -350,8 +351,10 @@ class TagHistory:
     # -- internals -------------------------------------------------------------------------
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        lock = LockFile(self.dir / "lock", stale_after=LOCK_STALE, host=self.host)
+        make_dirs(self.dir, self.layout.root)
+        lock = LockFile(
+            self.dir / "lock", stale_after=LOCK_STALE, host=self.host, store=self.layout.root
+        )
         deadline = time.monotonic() + self.lock_wait
         while True:
             try:
@@ -401,6 +404,7 @@ class TagHistory:
         finally:
             os.close(fd)
         if created:
+            adopt(self.log_path, self.layout.root)  # appended to by whichever user runs next
             fsync_dir(self.dir)
 
     def _rewrite(self, records: list[Change]) -> None:
@@ -415,6 +419,7 @@ class TagHistory:
                 f.flush()
                 os.fsync(f.fileno())
             os.chmod(tmp, 0o644)
+            adopt(tmp, self.layout.root)
             os.replace(tmp, target)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -424,7 +429,7 @@ class TagHistory:
 
     def _save(self, manifests: dict[Digest, bytes]) -> None:
         """Write each manifest not saved yet (a stat each: another host may have pruned)."""
-        self.manifests_dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.manifests_dir, self.layout.root)
         for digest, raw in manifests.items():
             path = self.manifests_dir / digest.blob_name
             if not path.exists():
@@ -441,7 +446,7 @@ class TagHistory:
             except OSError:
                 continue
             if len(raw) <= MAX_CONFIG_BYTES and Digest.of_bytes(raw) == digest:
-                self.configs_dir.mkdir(parents=True, exist_ok=True)
+                make_dirs(self.configs_dir, self.layout.root)
                 self._write_file(path, raw)
 
     def _load(self, digest: Digest) -> Manifest | ManifestList | None:

@@ -30,6 +30,7 @@ from store.digest import Digest
 from store.errors import StoreError
 from store.layout import Layout
 from store.lockfile import host_id
+from store.owner import adopt, make_dirs
 from store.scan import Problem
 
 LEASE_VERSION = 1
@@ -201,11 +202,12 @@ class LeaseKeeper:
     def write(self, snapshot: tuple[int, bytes] | None = None) -> None:
         """Put the lease on disk whole (temp file + rename): a reader sees the old or the new."""
         version, body = snapshot or self.snapshot()
-        self.layout.leases.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.layout.leases, self.layout.root)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
             with open(tmp, "wb") as f:
                 f.write(body)
+            adopt(tmp, self.layout.root)
             os.replace(tmp, self.path)
         except BaseException:
             with contextlib.suppress(OSError):

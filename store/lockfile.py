@@ -14,6 +14,7 @@ take over the same stale lock cannot both end up holding it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import secrets
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from store.errors import LockBusyError, LockLostError
+from store.owner import adopt, make_dirs
 
 # A lock file without its JSON (the creator died between create and write) is given this
 # long before it counts as stale.
@@ -96,13 +98,21 @@ class LockFile:
     `release`."""
 
     def __init__(
-        self, path: Path, *, stale_after: float, host: str | None = None, **info: Any
+        self,
+        path: Path,
+        *,
+        stale_after: float,
+        host: str | None = None,
+        store: Path | None = None,
+        **info: Any,
     ) -> None:
         self.path = path
+        self.store = store  # the store root whose owner the lock file gets (store.owner)
         self.stale_after = stale_after
         self.host = host or host_id()
         self.token = secrets.token_hex(8)
         self.info = info
+        self._file: tuple[int, int] | None = None  # (st_dev, st_ino) of the file we created
 
     def is_stale(self, holder: Holder, now: float | None = None) -> bool:
         now = now if now is not None else time.time()
@@ -124,7 +134,10 @@ class LockFile:
                 **self.info,
             }
         ).encode()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.store is not None:
+            make_dirs(self.path.parent, self.store)
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         for _ in range(5):
             try:
                 fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -138,8 +151,14 @@ class LockFile:
                 self._take_over(holder)
                 continue
             try:
-                os.write(fd, body)
+                st = os.fstat(fd)
+                self._file = (st.st_dev, st.st_ino)
+                if os.write(fd, body) != len(body):
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))
+                if self.store is not None:
+                    adopt(self.path, self.store)
             except BaseException:
+                self._file = None
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self.path)  # a full disk: no empty lock left behind
                 raise
@@ -165,8 +184,17 @@ class LockFile:
             os.unlink(aside)
 
     def holds(self) -> bool:
+        """The lock file is the one we created, and says so (or cannot say otherwise)."""
+        if self._file is None:
+            return False
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        if (st.st_dev, st.st_ino) != self._file:
+            return False
         holder = read_holder(self.path)
-        return holder is not None and holder.token == self.token
+        return holder is not None and holder.token in (self.token, None)
 
     def refresh(self) -> None:
         """Beat the heartbeat; LockLostError when the file is gone or someone else's."""
@@ -180,3 +208,4 @@ class LockFile:
         if self.holds():
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
+        self._file = None

@@ -33,6 +33,7 @@ import xxhash
 
 from store.digest import is_blob_name
 from store.layout import Layout
+from store.owner import adopt, make_dirs
 
 log = logging.getLogger(__name__)
 
@@ -257,13 +258,14 @@ class VerifyCache:
         }
         data = json.dumps(doc, separators=(",", ":")).encode() + b"\n"
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            make_dirs(path.parent, self.layout.root)
             fd, tmp = tempfile.mkstemp(prefix=".cache-", suffix=".tmp", dir=path.parent)
             try:
                 with os.fdopen(fd, "wb") as f:
                     f.write(data)
                     f.flush()
                     os.fsync(f.fileno())
+                adopt(tmp, self.layout.root)
                 os.replace(tmp, path)
             except BaseException:
                 with contextlib.suppress(OSError):
@@ -285,7 +287,7 @@ def quarantine_blob(layout: Layout, name: str, ino: int | None = None) -> Path:
     src = layout.blobs / name
     if ino is not None and os.lstat(src).st_ino != ino:
         raise FileNotFoundError(f"{src} was replaced since it was checked")
-    layout.quarantine.mkdir(parents=True, exist_ok=True)
+    make_dirs(layout.quarantine, layout.root)
     dst = layout.quarantine / name
     n = 0
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())

@@ -41,7 +41,13 @@ BATCH = 64  # steps between two checks of the lock
 
 
 def lock_file(layout: Layout, policy: GcPolicy, host: str | None = None) -> LockFile:
-    return LockFile(layout.state / "gc.lock", stale_after=policy.lock_ttl, host=host, purpose="gc")
+    return LockFile(
+        layout.state / "gc.lock",
+        stale_after=policy.lock_ttl,
+        host=host,
+        store=layout.root,
+        purpose="gc",
+    )
 
 
 @dataclass

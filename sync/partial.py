@@ -39,6 +39,7 @@ from store.digest import Digest
 from store.errors import LockBusyError, LockLostError
 from store.layout import Layout
 from store.lockfile import LockFile
+from store.owner import make_dirs
 
 log = logging.getLogger(__name__)
 
@@ -211,7 +212,7 @@ class PartialBlob:
         self.path = layout.tmp / f"{stem}.partial"
         self.sidecar = layout.tmp / f"{stem}.json"
         self.lock_path = layout.tmp / f"{stem}.lock"
-        self.lock = LockFile(self.lock_path, stale_after=LOCK_STALE)
+        self.lock = LockFile(self.lock_path, stale_after=LOCK_STALE, store=layout.root)
         self.fd = -1
         self.dfd = -1  # the same file opened O_DIRECT, where the filesystem allows it
         self.done = RangeSet()
@@ -235,7 +236,7 @@ class PartialBlob:
     def open(cls, layout: Layout, digest: Digest, size: int) -> PartialBlob:
         """Lock the blob and open (or resume) its temp file; BlobBusyError if someone else
         is fetching it, OSError (ENOSPC, …) if the space cannot be reserved."""
-        layout.tmp.mkdir(parents=True, exist_ok=True)
+        make_dirs(layout.tmp, layout.root)
         p = cls(layout, digest, size)
         p._lock()
         try:

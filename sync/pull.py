@@ -869,11 +869,12 @@ class Puller:
                 raise _local_error(exc, self.layout, f"blob {digest} ({size} bytes)") from None
             else:
                 # The lock may have been freed by a holder that just finished the blob: then
-                # the fresh temp file is not needed.
-                if not await trio.to_thread.run_sync(self._blob_ok, digest, size):
+                # the fresh temp file is not needed. A plain call, not a thread hop: a
+                # checkpoint here could be cancelled and leak the lock we just took.
+                if not self._blob_ok(digest, size):
                     return partial
-                await trio.to_thread.run_sync(partial.discard)
-                await trio.to_thread.run_sync(partial.release)
+                partial.discard()
+                partial.release()
                 return None
             if await trio.to_thread.run_sync(self._blob_ok, digest, size):
                 return None
@@ -1295,8 +1296,7 @@ async def pull(
     """Pull each name, in order; the first failure is raised (earlier names stay pulled)."""
     options = options or PullOptions()
     try:
-        layout.tmp.mkdir(parents=True, exist_ok=True)
-        layout.blobs.mkdir(parents=True, exist_ok=True)
+        BlobStore(layout).ensure_dirs()
     except OSError as exc:
         raise _local_error(exc, layout, "anything") from None
     report = PullReport()

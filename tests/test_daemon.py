@@ -411,8 +411,13 @@ def test_a_peer_that_lies_is_counted_and_the_model_comes_from_another(tmp_path: 
     ):
         wait_until(lambda: complete(store, "m:1"), 60, "m:1 from the honest peer")
         metrics = httpx.get(f"{d.url}/metrics", timeout=10).text
-        assert f'modelfs_verify_failures_total{{peer="{liar}"}} 1' in metrics
-        assert f'modelfs_verify_failures_total{{peer="{honest}"}} 0' in metrics
+        counts = {
+            line.split('"')[1]: int(line.rsplit(" ", 1)[1])
+            for line in metrics.splitlines()
+            if line.startswith("modelfs_verify_failures_total{")
+        }
+        # Each round may try the liar first again (it lies every time); the honest one never.
+        assert counts[liar] >= 1 and counts[honest] == 0, counts
 
 
 def test_a_model_published_on_one_daemon_reaches_the_others_through_a_chain(
