@@ -17,7 +17,14 @@ from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from store.compat import CompatViews, ComputeCache, GGUFView, compat_views, may_need_view
+from store.compat import (
+    COMPATIBLE_RUNNERS,
+    CompatViews,
+    ComputeCache,
+    GGUFView,
+    compat_views,
+    may_need_view,
+)
 from store.digest import Digest
 from store.errors import StoreError
 from store.files import ModelFile, model_files
@@ -355,7 +362,7 @@ class TreeBuilder:
         if manifest.config is not None and self.index.blob_info(manifest.config.digest) is None:
             status.append(f"missing blob {manifest.config.digest} (.ollama/config.json)")
         model = next((f for f in files if f.path == "model.gguf"), None)
-        if model is not None and "model.gguf" in d.children:
+        if model is not None and "model.gguf" in d.children and v.runner not in COMPATIBLE_RUNNERS:
             problem = self._add_compat(d, model, entry.mtime_ns)
             if problem:
                 status.append(f"llama.cpp/ not shown: {problem}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from modelfs.human import human_bytes, rfc3339_nano, table
-from store.compat import CompatViews, compat_views, may_need_view
+from store.compat import COMPATIBLE_RUNNERS, CompatViews, compat_views, may_need_view
 from store.errors import StoreError
 from store.files import ModelFile, model_files
 from store.manifest import ManifestList
@@ -47,7 +47,9 @@ def _variant_record(
         },
         "layers": layers,
     }
-    record["llama_cpp"] = _llama_cpp(index, model_files(manifest), missing)
+    record["llama_cpp"] = _llama_cpp(
+        index, model_files(manifest), missing, variant.runner not in COMPATIBLE_RUNNERS
+    )
     if with_quant:
         record["quantization"] = [
             {"type": q.type, "count": q.count, "bytes": q.nbytes}
@@ -56,7 +58,9 @@ def _variant_record(
     return record
 
 
-def _llama_cpp(index: StoreIndex, files: list[ModelFile], missing: set[Any]) -> dict[str, Any]:
+def _llama_cpp(
+    index: StoreIndex, files: list[ModelFile], missing: set[Any], translate: bool
+) -> dict[str, Any]:
     """Which files of the model directory to hand llama.cpp (`--model`, `--mmproj`)."""
     model = next((f for f in files if f.path == "model.gguf"), None)
     projector = next((f for f in files if f.path == "mmproj.gguf"), None)
@@ -68,7 +72,7 @@ def _llama_cpp(index: StoreIndex, files: list[ModelFile], missing: set[Any]) -> 
         out["mmproj"] = projector.path
     path = index.layout.blob(model.layer.digest)
     views: CompatViews | None = None
-    if may_need_view(path):
+    if translate and may_need_view(path):
         try:
             views = compat_views(path, model.layer.digest.hex)
         except (OSError, StoreError, ValueError) as exc:

@@ -16,9 +16,12 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
+from modelfs.demo import _GEMMA_SPECIALS, _spm_vocab  # noqa: E402
 from store.compat import CompatViews, compat_views  # noqa: E402
 from store.compat.compute import ComputeCache  # noqa: E402
 from store.compat.view import GGUFView  # noqa: E402
+from tests.builders import TinyStore  # noqa: E402
+from tests.mounting import fuse, mounted  # noqa: E402
 
 V = gguf.GGUFValueType
 HEX = "ab" * 32
@@ -610,3 +613,170 @@ def test_general_alignment_is_kept(tmp_path: Path) -> None:
     source = tensors(gguf.GGUFReader(path))
     for t in reader.tensors:
         assert raw(t) == raw(source[t.name])
+
+
+# -- through a real mount, and llama.cpp itself ------------------------------------------
+
+
+def gemma3_runnable(tmp_path: Path) -> Path:
+    """A tiny but complete gemma3 (one block, F32 weights, an SPM vocabulary) in Ollama's
+    layout: vision tensors inline, nested rope names, no rms epsilon, 8 image tokens past
+    the embedding rows. Upstream llama.cpp refuses it; its view loads and generates."""
+    vocab = _spm_vocab(_GEMMA_SPECIALS)
+    n = len(vocab.tokens)
+    e, heads, kv_heads, hd, ff = 64, 2, 1, 32, 128
+    kvs: list[KV] = [
+        ("gemma3.context_length", 131072, V.UINT32),
+        ("gemma3.embedding_length", e, V.UINT32),
+        ("gemma3.block_count", 1, V.UINT32),
+        ("gemma3.feed_forward_length", ff, V.UINT32),
+        ("gemma3.attention.head_count", heads, V.UINT32),
+        ("gemma3.attention.head_count_kv", kv_heads, V.UINT32),
+        ("gemma3.attention.key_length", hd, V.UINT32),
+        ("gemma3.attention.value_length", hd, V.UINT32),
+        ("gemma3.attention.sliding_window", 512, V.UINT32),
+        ("gemma3.rope.global.freq_base", 1e6, V.FLOAT32),
+        ("gemma3.mm.tokens_per_image", 256, V.UINT32),
+        ("gemma3.vision.block_count", 1, V.UINT32),
+        ("gemma3.vision.embedding_length", 32, V.UINT32),
+        ("tokenizer.ggml.model", "llama", V.STRING),
+        (
+            "tokenizer.ggml.tokens",
+            [*vocab.tokens, *(f"<img{i}>" for i in range(8))],
+            V.ARRAY,
+            V.STRING,
+        ),
+        ("tokenizer.ggml.scores", [*(vocab.scores or ()), *[0.0] * 8], V.ARRAY, V.FLOAT32),
+        ("tokenizer.ggml.token_type", [*vocab.types, *[3] * 8], V.ARRAY, V.INT32),
+        ("tokenizer.ggml.bos_token_id", vocab.specials["<bos>"], V.UINT32),
+        ("tokenizer.ggml.eos_token_id", vocab.specials["<eos>"], V.UINT32),
+        ("tokenizer.ggml.add_padding_token", False, V.BOOL),
+    ]
+    shapes = {
+        "token_embd.weight": (n, e),
+        "output_norm.weight": (e,),
+        "blk.0.attn_norm.weight": (e,),
+        "blk.0.attn_q.weight": (heads * hd, e),
+        "blk.0.attn_k.weight": (kv_heads * hd, e),
+        "blk.0.attn_v.weight": (kv_heads * hd, e),
+        "blk.0.attn_output.weight": (e, heads * hd),
+        "blk.0.attn_q_norm.weight": (hd,),
+        "blk.0.attn_k_norm.weight": (hd,),
+        "blk.0.post_attention_norm.weight": (e,),
+        "blk.0.ffn_norm.weight": (e,),
+        "blk.0.ffn_gate.weight": (ff, e),
+        "blk.0.ffn_up.weight": (ff, e),
+        "blk.0.ffn_down.weight": (e, ff),
+        "blk.0.post_ffw_norm.weight": (e,),
+    }
+    ts: list[Tensor] = [(k, f32(*s, seed=i) * 0.02) for i, (k, s) in enumerate(shapes.items())]
+    ts += [
+        ("v.patch_embedding.weight", f16(32, 3, 14, 14, seed=90)),
+        ("v.position_embedding.weight", f16(4, 32, seed=91)),
+        ("mm.mm_input_projection.weight", f16(e, 32, seed=92)),
+    ]
+    return write_gguf(tmp_path / "gemma3-runnable.gguf", "gemma3", kvs, ts)
+
+
+def compat_store(tmp_path: Path) -> tuple[TinyStore, Path]:
+    tiny = TinyStore(tmp_path / "models")
+    src = gemma3_runnable(tmp_path)
+    raw_manifest = tiny.manifest(
+        [tiny.layer("model", src.read_bytes()), tiny.layer("license", b"Gemma")],
+        {"model_format": "gguf", "model_family": "gemma3", "file_type": "F32"},
+    )
+    tiny.legacy("gemma3:tiny", raw_manifest)
+    plain = write_gguf(
+        tmp_path / "plain.gguf",
+        "llama",
+        [("llama.context_length", 4096, V.UINT32), *tokenizer(8)],
+        [("token_embd.weight", f32(8, 32))],
+    )
+    tiny.legacy("plain:tiny", tiny.manifest([tiny.layer("model", plain.read_bytes())]))
+    return tiny, src
+
+
+def test_show_names_the_llama_cpp_files(tmp_path: Path) -> None:
+    from modelfs.show import render, show_record
+    from store.scan import scan_store
+
+    tiny, _ = compat_store(tmp_path)
+    index = scan_store(tiny.layout)
+    records = {e.name.model: show_record(index, e) for e in index}
+    lc = records["gemma3"]["variants"][0]["llama_cpp"]
+    assert lc["model"] == "llama.cpp/model.gguf" and lc["mmproj"] == "llama.cpp/mmproj.gguf"
+    assert lc["view"]["rules"] == "handle_gemma3" and lc["view"]["hidden"] == 3
+    text = render(records["gemma3"])
+    assert "llama.cpp: --model llama.cpp/model.gguf --mmproj llama.cpp/mmproj.gguf" in text
+    plain = records["plain"]["variants"][0]["llama_cpp"]
+    assert plain == {"model": "model.gguf", "mmproj": None, "view": None}
+
+
+@fuse
+def test_mount_shows_llama_cpp_views(tmp_path: Path) -> None:
+    tiny, src = compat_store(tmp_path)
+    views = views_of(src)
+    assert views.mmproj is not None
+    want_model = materialize(views.model, tmp_path, ComputeCache(None)).read_bytes()
+    want_mmproj = materialize(views.mmproj, tmp_path, ComputeCache(None)).read_bytes()
+    child = tiny.manifest([tiny.layer("model", src.read_bytes())])
+    tiny.v2("gemma3:listed", tiny.manifest_list([(child, "llamacpp", "gguf")]))
+    mnt = tmp_path / "mnt"
+    with mounted(tiny.root, mnt):
+        d = mnt / "gemma3" / "tiny"
+        assert sorted(os.listdir(d / "llama.cpp")) == ["mmproj.gguf", "model.gguf"]
+        assert (d / "model.gguf").read_bytes() == src.read_bytes()  # raw stays raw
+        assert (d / "llama.cpp" / "model.gguf").stat().st_size == len(want_model)
+        assert (d / "llama.cpp" / "model.gguf").read_bytes() == want_model
+        assert (d / "llama.cpp" / "mmproj.gguf").read_bytes() == want_mmproj
+        digest = os.getxattr(d / "llama.cpp" / "model.gguf", "user.modelfs.compat.source")
+        assert digest == os.getxattr(d / "model.gguf", "user.modelfs.digest")
+        # The computed tensors of the projector view were cached by the mount.
+        cached = list((tiny.root / ".modelfs" / "compat").rglob("*f16_to_f32*"))
+        assert len(cached) == 2
+        assert not (mnt / "plain" / "tiny" / "llama.cpp").exists()
+        assert not (mnt / "gemma3" / "listed@llamacpp" / "llama.cpp").exists()
+        assert (mnt / "gemma3" / "listed@llamacpp" / "model.gguf").is_file()
+        assert "model.gguf" in os.listdir(mnt / "plain" / "tiny")
+
+
+@fuse
+@pytest.mark.slow
+def test_llama_cpp_loads_the_view_it_refuses_raw(tmp_path: Path) -> None:
+    llama_cpp = pytest.importorskip("llama_cpp")
+    tiny, _ = compat_store(tmp_path)
+    mnt = tmp_path / "mnt"
+    with mounted(tiny.root, mnt):
+        d = mnt / "gemma3" / "tiny"
+        # Raw, llama.cpp stops at the missing gemma3.attention.layer_norm_rms_epsilon.
+        with pytest.raises(ValueError):
+            llama_cpp.Llama(model_path=str(d / "model.gguf"), n_ctx=64, verbose=False)
+        # The view loads in full (every tensor, no vision ones left over) and runs.
+        llm = llama_cpp.Llama(
+            model_path=str(d / "llama.cpp" / "model.gguf"), n_ctx=64, verbose=False
+        )
+        assert llm.n_vocab() == len(_spm_vocab(_GEMMA_SPECIALS).tokens)  # image tokens cut
+        tokens = llm.tokenize(b"hello world", add_bos=False)
+        assert llm.detokenize(tokens).lstrip() == b"hello world"  # SPM: a leading space
+        out = llm("hello", max_tokens=3, temperature=0.0)
+        assert out["usage"]["completion_tokens"] >= 1
+
+
+def test_llamacpp_children_and_non_gguf_blobs_get_no_view(tmp_path: Path) -> None:
+    """A manifest-list child made for llama.cpp is in its layout by definition (upstream runs
+    those with its compat layer off); a blob that is no GGUF is never parsed as one."""
+    from modelfs.show import show_record
+    from store.compat import may_need_view
+    from store.scan import scan_store
+
+    tiny, src = compat_store(tmp_path)
+    child = tiny.manifest([tiny.layer("model", src.read_bytes())])
+    tiny.v2("gemma3:listed", tiny.manifest_list([(child, "llamacpp", "gguf")]))
+    index = scan_store(tiny.layout)
+    entry = next(e for e in index if e.name.tag == "listed")
+    lc = show_record(index, entry)["variants"][0]["llama_cpp"]
+    assert lc == {"model": "model.gguf", "mmproj": None, "view": None}
+    junk = tmp_path / "junk"
+    junk.write_bytes(b"not a gguf at all, but long enough to look")
+    assert not may_need_view(junk)
+    assert may_need_view(src)

@@ -16,6 +16,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from store.compat.compute import ComputeCache
 from store.compat.draft import Draft
@@ -24,6 +25,7 @@ from store.compat.view import GGUFView, build_view
 from store.gguf import MAGIC, T_STRING, GGUFHeader, read_gguf_header
 
 __all__ = [
+    "COMPATIBLE_RUNNERS",
     "NOT_PORTED",
     "CompatViews",
     "ComputeCache",
@@ -31,6 +33,10 @@ __all__ = [
     "compat_views",
     "peek_architecture",
 ]
+
+# Children of a manifest list made for llama.cpp are in its layout by definition (upstream
+# runs them with OLLAMA_LLAMA_CPP_COMPAT=0, "already known to be llama.cpp-compatible").
+COMPATIBLE_RUNNERS = frozenset({"llamacpp"})
 
 # KVs the clip loader never reads and that would make the projector view as big as the
 # tokenizer (tens of MB): left out of mmproj.gguf.
@@ -43,12 +49,16 @@ class CompatViews:
     mmproj: GGUFView | None
 
 
-def peek_architecture(f: object, limit: int = 1 << 16) -> str | None:
+NOT_GGUF = ""
+
+
+def peek_architecture(f: BinaryIO, limit: int = 1 << 16) -> str | None:
     """`general.architecture` when it is among the first KVs (converters write it first),
-    from the first `limit` bytes; None when not found there. Cheap: one small read."""
-    head = f.read(limit)  # type: ignore[attr-defined]
+    from the first `limit` bytes: NOT_GGUF for a file that is no GGUF, None when it cannot
+    be told from there. Cheap: one small read."""
+    head = f.read(limit)
     if len(head) < 24 or head[:4] != MAGIC:
-        return None
+        return NOT_GGUF
     pos = 24
     for _ in range(min(struct.unpack_from("<Q", head, 16)[0], 8)):
         if pos + 8 > len(head):
@@ -79,7 +89,7 @@ def may_need_view(path: Path) -> bool:
             arch = peek_architecture(f)
     except OSError:
         return False
-    return arch is None or arch in TEXT_ARCHES
+    return arch is None or arch in TEXT_ARCHES  # NOT_GGUF is in no rule
 
 
 def compat_views(
