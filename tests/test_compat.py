@@ -780,3 +780,52 @@ def test_llamacpp_children_and_non_gguf_blobs_get_no_view(tmp_path: Path) -> Non
     junk.write_bytes(b"not a gguf at all, but long enough to look")
     assert not may_need_view(junk)
     assert may_need_view(src)
+
+
+@pytest.mark.slow
+def test_llama_cpp_reads_the_gptoss_view_it_refuses_raw(tmp_path: Path) -> None:
+    """llama.cpp knows no architecture "gptoss"; the view's gpt-oss hyperparameters and
+    vocabulary load (vocab-only: its MXFP4 experts are not built here)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from modelfs.demo import _bpe_vocab
+
+    vocab = _bpe_vocab(("<|startoftext|>", "<|endoftext|>", "<|return|>"))
+    hparams = {
+        "context_length": 4096,
+        "embedding_length": 64,
+        "block_count": 1,
+        "feed_forward_length": 128,
+        "attention.head_count": 2,
+        "attention.head_count_kv": 1,
+        "attention.key_length": 32,
+        "attention.value_length": 32,
+        "expert_count": 4,
+        "expert_used_count": 2,
+        "attention.sliding_window": 128,
+    }
+    kvs: list[KV] = [(f"gptoss.{k}", v, V.UINT32) for k, v in hparams.items()]
+    kvs += [
+        ("gptoss.attention.layer_norm_rms_epsilon", 1e-5, V.FLOAT32),
+        ("gptoss.rope.freq_base", 150000.0, V.FLOAT32),
+        ("tokenizer.ggml.model", "gpt2", V.STRING),
+        ("tokenizer.ggml.pre", "default", V.STRING),
+        ("tokenizer.ggml.tokens", list(vocab.tokens), V.ARRAY, V.STRING),
+        ("tokenizer.ggml.token_type", list(vocab.types), V.ARRAY, V.INT32),
+        ("tokenizer.ggml.merges", list(vocab.merges), V.ARRAY, V.STRING),
+        ("tokenizer.ggml.bos_token_id", vocab.specials["<|startoftext|>"], V.UINT32),
+        ("tokenizer.ggml.eos_token_id", vocab.specials["<|return|>"], V.UINT32),
+    ]
+    ts: list[Tensor] = [
+        ("token_embd.weight", f32(len(vocab.tokens), 64)),
+        ("blk.0.ffn_gate_exps.weight", f32(4, 96, 64)),
+        ("blk.0.attn_sinks", f32(2)),
+    ]
+    src = write_gguf(tmp_path / "gptoss.gguf", "gptoss", kvs, ts)
+    with pytest.raises(ValueError):
+        llama_cpp.Llama(model_path=str(src), vocab_only=True, verbose=False)
+    view = materialize(views_of(src).model, tmp_path)
+    llm = llama_cpp.Llama(model_path=str(view), vocab_only=True, verbose=False)
+    assert llm.n_vocab() == len(vocab.tokens)
+    tokens = llm.tokenize(b" hello world", add_bos=False)
+    assert len(tokens) == 2  # the merged words, with their leading spaces
+    assert llm.detokenize(tokens) == b" hello world"

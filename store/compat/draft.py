@@ -12,7 +12,7 @@ names the upstream helper it follows.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -243,13 +243,6 @@ class Draft:
     def is_hidden(self, name: str) -> bool:  # should_skip_tensor_prefix
         return any(name.startswith(p) for p in self.hidden)
 
-    def set_shape(self, name: str, shape: tuple[int, ...]) -> None:  # set_tensor_shape
-        t = self.tensors[name]
-        t.shape = shape
-
-    def tensor_names(self, predicate: Callable[[str], bool]) -> list[str]:
-        return [n for n in self.tensors if predicate(n)]
-
     # -- data transforms (load ops) --------------------------------------------------------
     def promote_to_f32(self, name: str) -> None:
         """promote_tensor_to_f32: an F16 tensor becomes F32, converted on first read."""
@@ -269,15 +262,15 @@ class Draft:
         )
         t.ggml_type = GGML_F32
 
-    def concat_ranges(self, dest: str, names: list[str]) -> tuple[tuple[int, int], ...]:
+    def concat_ranges(self, names: list[str]) -> tuple[tuple[int, int], ...]:
         """register_concat_load: the sources' bytes one after another, as served ranges."""
-        return tuple(r for n in names for r in _ranges(self.tensors[n]))
-
-
-def _ranges(t: TensorItem) -> tuple[tuple[int, int], ...]:
-    if isinstance(t.data, Compute):
-        raise ValueError(f"{t.name}: cannot concatenate a computed tensor")
-    return t.data
+        out: list[tuple[int, int]] = []
+        for n in names:
+            data = self.tensors[n].data
+            if isinstance(data, Compute):
+                raise ValueError(f"{n}: cannot concatenate a computed tensor")
+            out += data
+        return tuple(out)
 
 
 def check_tensor(t: TensorItem) -> None:

@@ -203,8 +203,7 @@ def _gemma4_fuse_gate_up(d: Draft, gate_n: str, up_n: str, fused_n: str) -> bool
     if size != up.nbytes or size % n_expert:
         return False
     per = size // n_expert
-    ((g_off, _),) = d.concat_ranges(gate_n, [gate_n])
-    ((u_off, _),) = d.concat_ranges(up_n, [up_n])
+    g_off, u_off = gate.source.offset, up.source.offset  # neither computed nor re-laid yet
     ranges: list[tuple[int, int]] = []
     for e in range(n_expert):
         ranges += [(g_off + e * per, per), (u_off + e * per, per)]
@@ -340,7 +339,7 @@ def _merge_mtp_experts(d: Draft, layer: int, block: int, src_suffix: str, dst_su
         if t.ggml_type != first.ggml_type or t.shape != first.shape or t.computed:
             return False
     dest = f"blk.{block}.{dst_suffix}"
-    ranges = d.concat_ranges(dest, names)
+    ranges = d.concat_ranges(names)
     d.rename_tensor(names[0], dest)
     merged = d.tensors[dest]
     merged.data = ranges
