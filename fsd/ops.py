@@ -23,6 +23,7 @@ import trio
 from fsd.tree import (
     BlobNode,
     BytesNode,
+    CompatNode,
     DirNode,
     MergedNode,
     NameTree,
@@ -101,6 +102,8 @@ def _blobs_read(node: Node) -> tuple[Digest, ...]:
         return (node.digest,)
     if isinstance(node, MergedNode):
         return node.digests
+    if isinstance(node, CompatNode):
+        return (node.digest,)
     return ()
 
 
@@ -234,6 +237,8 @@ class ModelOperations(pyfuse3.Operations):
         try:
             if isinstance(node, BlobNode):
                 handle.fd = self._open_blob(node.path, node.size)
+            elif isinstance(node, CompatNode):
+                handle.fd = self._open_blob(node.path, None)
             elif isinstance(node, MergedNode):
                 assert node.merged is not None
                 for seg in node.merged.segments:
@@ -273,6 +278,11 @@ class ModelOperations(pyfuse3.Operations):
                 return node.data[off : off + size]
             if isinstance(node, MergedNode):
                 return node.read(handle.fds, off, size)
+            if isinstance(node, CompatNode):
+                if node.touches_compute(off, size):
+                    # A computed tensor is made (or read from its cache file) off the loop.
+                    return await trio.to_thread.run_sync(node.read, handle.fd, off, size)
+                return node.read(handle.fd, off, size)
         except OSError as exc:
             log.error("read %s at %d: %s", getattr(node, "path", node.inode), off, exc)
             raise pyfuse3.FUSEError(_errno_for(exc)) from None

@@ -17,6 +17,14 @@ from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from store.compat import (
+    COMPATIBLE_RUNNERS,
+    CompatViews,
+    ComputeCache,
+    GGUFView,
+    compat_views,
+    may_need_view,
+)
 from store.digest import Digest
 from store.errors import StoreError
 from store.files import ModelFile, model_files
@@ -122,6 +130,31 @@ class MergedNode(Node):
 
 
 @dataclass(eq=False)
+class CompatNode(Node):
+    """`llama.cpp/model.gguf` or `llama.cpp/mmproj.gguf`: a synthesized GGUF whose data are
+    ranges of one blob (and computed tensors, cached under `.modelfs/compat/`)."""
+
+    digest: Digest = field(default=Digest("0" * 64))
+    path: Path = field(default=Path())
+    view: GGUFView | None = None
+    cache: ComputeCache | None = None
+
+    @property
+    def size(self) -> int:
+        return self.view.size if self.view else 0
+
+    def touches_compute(self, offset: int, size: int) -> bool:
+        """True if [offset, offset+size) holds a computed tensor (a slow first read)."""
+        assert self.view is not None
+        end = offset + size
+        return any(p.start < end and offset < p.start + p.length for p in self.view.computed_pieces)
+
+    def read(self, fd: int, offset: int, size: int) -> bytes:
+        assert self.view is not None
+        return self.view.read(fd, offset, size, self.cache)
+
+
+@dataclass(eq=False)
 class SymlinkNode(Node):
     target: bytes = b""
     mode = stat.S_IFLNK | 0o777
@@ -153,6 +186,9 @@ class TreeBuilder:
         self.data = data
         # Merged views depend only on blob contents, so they are cached for the mount's life.
         self._merged: dict[tuple[Digest, ...], MergedSafetensors | str] = {}
+        # So do llama.cpp views of GGUF blobs (None: the blob needs none).
+        self._compat: dict[Digest, CompatViews | str | None] = {}
+        self._compute_cache: ComputeCache | None = None
 
     # -- public --------------------------------------------------------------------------
     def build(self, index: StoreIndex) -> NameTree:
@@ -325,6 +361,11 @@ class TreeBuilder:
             _attach(holder, parts[-1], node)
         if manifest.config is not None and self.index.blob_info(manifest.config.digest) is None:
             status.append(f"missing blob {manifest.config.digest} (.ollama/config.json)")
+        model = next((f for f in files if f.path == "model.gguf"), None)
+        if model is not None and "model.gguf" in d.children and v.runner not in COMPATIBLE_RUNNERS:
+            problem = self._add_compat(d, model, entry.mtime_ns)
+            if problem:
+                status.append(f"llama.cpp/ not shown: {problem}")
         safetensors = any(f.layer.kind == "tensor" for f in files)
         if safetensors:
             merged = self._merged_view(files)
@@ -401,6 +442,47 @@ class TreeBuilder:
                 result = str(exc)
         self._merged[key] = result
         return result
+
+    def compat_views(self, digest: Digest) -> CompatViews | str | None:
+        """The llama.cpp views of a GGUF blob, an error text, or None (none needed)."""
+        if digest in self._compat:
+            return self._compat[digest]
+        path = self.index.layout.blob(digest)
+        result: CompatViews | str | None = None
+        if may_need_view(path):
+            try:
+                result = compat_views(path, digest.hex)
+            except (OSError, StoreError, ValueError) as exc:
+                log.warning("%s: no llama.cpp view: %s", digest, exc)
+                result = str(exc)
+        self._compat[digest] = result
+        return result
+
+    def _add_compat(self, d: DirNode, f: ModelFile, mtime_ns: int) -> str | None:
+        views = self.compat_views(f.layer.digest)
+        if not isinstance(views, CompatViews):
+            return views
+        if self._compute_cache is None:
+            self._compute_cache = ComputeCache(self.index.layout.compat)
+        holder = self._mkdirs(d, ("llama.cpp",), mtime_ns)
+        for view in (views.model, views.mmproj):
+            if view is None:
+                continue
+            node = CompatNode(
+                self.inodes.get(("compat", f.layer.digest, view.kind)),
+                mtime_ns,
+                {
+                    "user.modelfs.compat.source": str(f.layer.digest).encode(),
+                    "user.modelfs.compat.handler": view.handler.encode(),
+                },
+                digest=f.layer.digest,
+                path=view.source,
+                view=view,
+                cache=self._compute_cache,
+            )
+            self._register(node)
+            holder.children[f"{view.kind}.gguf"] = node
+        return None
 
     def _merged_node(
         self, path: tuple[str, ...], merged: MergedSafetensors, mtime_ns: int

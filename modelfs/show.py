@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from modelfs.human import human_bytes, rfc3339_nano, table
-from store.files import model_files
+from store.compat import COMPATIBLE_RUNNERS, CompatViews, compat_views, may_need_view
+from store.errors import StoreError
+from store.files import ModelFile, model_files
 from store.manifest import ManifestList
 from store.quant import manifest_quantization
 from store.scan import DEFAULT_PREFER, Entry, StoreIndex, Variant
@@ -45,12 +47,56 @@ def _variant_record(
         },
         "layers": layers,
     }
+    record["llama_cpp"] = _llama_cpp(
+        index, model_files(manifest), missing, variant.runner not in COMPATIBLE_RUNNERS
+    )
     if with_quant:
         record["quantization"] = [
             {"type": q.type, "count": q.count, "bytes": q.nbytes}
             for q in manifest_quantization(index, manifest)
         ]
     return record
+
+
+def _llama_cpp(
+    index: StoreIndex, files: list[ModelFile], missing: set[Any], translate: bool
+) -> dict[str, Any]:
+    """Which files of the model directory to hand llama.cpp (`--model`, `--mmproj`)."""
+    model = next((f for f in files if f.path == "model.gguf"), None)
+    projector = next((f for f in files if f.path == "mmproj.gguf"), None)
+    out: dict[str, Any] = {"model": None, "mmproj": None, "view": None}
+    if model is None or model.layer.digest in missing:
+        return out
+    out["model"] = model.path
+    if projector is not None and projector.layer.digest not in missing:
+        out["mmproj"] = projector.path
+    path = index.layout.blob(model.layer.digest)
+    views: CompatViews | None = None
+    if translate and may_need_view(path):
+        try:
+            views = compat_views(path, model.layer.digest.hex)
+        except (OSError, StoreError, ValueError) as exc:
+            out["error"] = str(exc)
+    if views is None:
+        return out
+    out["model"] = "llama.cpp/model.gguf"
+    if views.mmproj is not None:
+        out["mmproj"] = "llama.cpp/mmproj.gguf"
+    v = views.model
+    out["view"] = {
+        "rules": v.handler,
+        "size": v.size,
+        "tensors": len(v.tensors),
+        "hidden": len(v.hidden),
+        "computed": len(v.computed),
+        "notes": list(v.notes),
+    }
+    vision_hidden = any(n.startswith(("v.", "mm.", "a.")) for n in v.hidden)
+    if vision_hidden and out["mmproj"] is None:
+        out["view"]["notes"].append(
+            "the embedded vision/audio tensors are hidden; their clip view is not ported yet"
+        )
+    return out
 
 
 def show_record(
@@ -112,6 +158,17 @@ def render(record: dict[str, Any]) -> str:
                 ]
             )
         out += ["  " + line for line in table(rows).splitlines()]
+        lc = v.get("llama_cpp") or {}
+        if lc.get("model"):
+            args = f"--model {lc['model']}" + (f" --mmproj {lc['mmproj']}" if lc["mmproj"] else "")
+            out.append(f"  llama.cpp: {args}")
+            view = lc.get("view")
+            if view:
+                out.append(
+                    f"    view by {view['rules']}: {view['tensors']} tensors,"
+                    f" {view['hidden']} hidden, {view['computed']} computed"
+                )
+                out += [f"    note: {n}" for n in view["notes"]]
         if v.get("quantization"):
             rows = [["QUANT", "TENSORS", "BYTES"]]
             for q in v["quantization"]:

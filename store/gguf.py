@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 from store.errors import GGUFError
@@ -159,6 +159,22 @@ class ArraySummary:
 
 
 @dataclass(frozen=True, slots=True)
+class KVSpan:
+    """Where one key-value pair sits in the file, so it can be copied byte for byte.
+
+    `start` is the key's length field, `value` the first byte of the value (after the type
+    word), `end` one past its last byte. `item_type` and `count` describe an array.
+    """
+
+    start: int
+    value: int
+    end: int
+    vtype: int
+    item_type: int = -1
+    count: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class GGUFTensor:
     name: str
     shape: tuple[int, ...]  # as stored: ne0 (the contiguous dimension) first
@@ -186,6 +202,7 @@ class GGUFHeader:
     tensors: tuple[GGUFTensor, ...]
     alignment: int
     data_offset: int  # absolute, aligned offset where tensor data begins
+    spans: dict[str, KVSpan] = field(default_factory=dict)  # every key, in file order
 
     @property
     def architecture(self) -> str:
@@ -369,11 +386,12 @@ def _value(r: _Reader, vtype: int, key: str) -> Any:
     if vtype == T_STRING:
         return r.string_bytes(MAX_STRING, f"value of {_q(key)}").decode("utf-8", errors="replace")
     if vtype == T_ARRAY:
-        return _array(r, key)
+        return _array(r, key)[0]
     raise r.error(f"key {_q(key)} has unknown value type {vtype}")
 
 
-def _array(r: _Reader, key: str) -> Any:
+def _array(r: _Reader, key: str) -> tuple[Any, int, int]:
+    """An array's value (a list, or an ArraySummary when long), item type and length."""
     item_type = r.u32()
     count = r.u64()
     if count > MAX_ARRAY:
@@ -383,19 +401,20 @@ def _array(r: _Reader, key: str) -> Any:
     if fixed is not None:
         code, size = fixed
         if keep:
-            return list(struct.unpack(f"<{count}{code}", r.read(count * size)))
+            return list(struct.unpack(f"<{count}{code}", r.read(count * size))), item_type, count
         r.skip(count * size)
-        return ArraySummary(item_type, count)
+        return ArraySummary(item_type, count), item_type, count
     if item_type == T_STRING:
         r.check_room(count * 8, f"array {_q(key)} of {count} strings")
         if keep:
             what = f"array {_q(key)}"
-            return [
+            items = [
                 r.string_bytes(MAX_STRING, what).decode("utf-8", errors="replace")
                 for _ in range(count)
             ]
+            return items, item_type, count
         r.skip_strings(count, f"array {_q(key)}")
-        return ArraySummary(item_type, count)
+        return ArraySummary(item_type, count), item_type, count
     if item_type == T_ARRAY:
         # The spec allows arrays of arrays, but neither ggml (gguf.cpp) nor Ollama
         # (fs/gguf) reads them, so no usable model has one.
@@ -434,13 +453,22 @@ def read_gguf_header(f: BinaryIO, source: str, file_size: int | None = None) -> 
     r.check_room(n_kv * _MIN_KV + n_tensors * _MIN_TENSOR, f"{n_tensors} tensors and {n_kv} keys")
 
     kv: dict[str, Any] = {}
+    spans: dict[str, KVSpan] = {}
     for i in range(n_kv):
+        start = r.tell()
         key = _name(r, f"key {i}")
         if not key:
             raise r.error(f"key {i} is empty")
         if key in kv:
             raise r.error(f"duplicate key {_q(key)}")
-        kv[key] = _value(r, r.u32(), key)
+        vtype = r.u32()
+        value_at = r.tell()
+        if vtype == T_ARRAY:
+            kv[key], item_type, count = _array(r, key)
+            spans[key] = KVSpan(start, value_at, r.tell(), vtype, item_type, count)
+        else:
+            kv[key] = _value(r, vtype, key)
+            spans[key] = KVSpan(start, value_at, r.tell(), vtype)
 
     alignment = DEFAULT_ALIGNMENT
     if "general.alignment" in kv:
@@ -494,10 +522,96 @@ def read_gguf_header(f: BinaryIO, source: str, file_size: int | None = None) -> 
                 f" of the file ({file_size} bytes)"
             )
         tensors.append(GGUFTensor(name, shape, ggml_type, ggml_type_name(ggml_type), start, nbytes))
-    return GGUFHeader(version, kv, tuple(tensors), alignment, data_offset)
+    return GGUFHeader(version, kv, tuple(tensors), alignment, data_offset, spans)
 
 
 def read_gguf_header_path(path: str | os.PathLike[str]) -> GGUFHeader:
     """Read the GGUF header of a file; OSError if it cannot be opened."""
     with open(path, "rb") as f:
         return read_gguf_header(f, os.fsdecode(path), os.fstat(f.fileno()).st_size)
+
+
+# -- writing: the pieces of a header that a synthesized GGUF needs -------------------------
+
+
+def encode_string(text: str) -> bytes:
+    raw = text.encode("utf-8")
+    return _U64.pack(len(raw)) + raw
+
+
+def encode_value(vtype: int, value: Any, item_type: int = -1) -> bytes:
+    """The bytes of one value of GGUF type `vtype` (without the type word).
+
+    An array is given as a list of items of `item_type`; its type word and length are
+    written first, as in the file.
+    """
+    fixed = _FIXED_STRUCTS.get(vtype)
+    if fixed is not None:
+        return fixed.pack(value)
+    if vtype == T_STRING:
+        return encode_string(value)
+    if vtype == T_ARRAY:
+        items = list(value)
+        head = _U32.pack(item_type) + _U64.pack(len(items))
+        fixed_item = _FIXED.get(item_type)
+        if fixed_item is not None:
+            return head + struct.pack(f"<{len(items)}{fixed_item[0]}", *items)
+        if item_type == T_STRING:
+            return head + b"".join(encode_string(s) for s in items)
+        raise ValueError(f"cannot encode an array of GGUF type {item_type}")
+    raise ValueError(f"cannot encode GGUF type {vtype}")
+
+
+def encode_kv_head(key: str, vtype: int) -> bytes:
+    """A key and its value type word: what precedes every value in the KV section."""
+    return encode_string(key) + _U32.pack(vtype)
+
+
+def encode_tensor_info(name: str, shape: tuple[int, ...], ggml_type: int, offset: int) -> bytes:
+    """One tensor info entry; `offset` counts from the start of the data section."""
+    out = [encode_string(name), _U32.pack(len(shape))]
+    out += [_U64.pack(d) for d in shape]
+    out += [_U32.pack(ggml_type), _U64.pack(offset)]
+    return b"".join(out)
+
+
+def encode_preamble(n_tensors: int, n_kv: int, version: int = 3) -> bytes:
+    return MAGIC + _U32.pack(version) + _U64.pack(n_tensors) + _U64.pack(n_kv)
+
+
+def tensor_nbytes(shape: tuple[int, ...], ggml_type: int) -> int:
+    """Bytes of a tensor of that shape and type; ValueError for an unknown type or a row
+    that is not a whole number of blocks."""
+    known = GGML_TYPES.get(ggml_type)
+    if known is None:
+        raise ValueError(f"unknown ggml type {ggml_type}")
+    _, block, size = known
+    n = 1
+    for d in shape:
+        n *= d
+    if (shape[0] if shape else 1) % block:
+        raise ValueError(f"rows of {shape[0]} are not whole {known[0]} blocks")
+    return n // block * size
+
+
+def array_prefix_end(f: BinaryIO, span: KVSpan, n: int) -> int:
+    """File offset just past the first `n` items of the array at `span`.
+
+    Fixed-size items are counted; strings are walked, each length checked against the span.
+    """
+    if span.vtype != T_ARRAY or n > span.count:
+        raise GGUFError(f"array prefix of {n} items is out of range")
+    first = span.value + 12  # item type word and length
+    fixed = _FIXED.get(span.item_type)
+    if fixed is not None:
+        return first + n * fixed[1]
+    if span.item_type != T_STRING:
+        raise GGUFError(f"cannot walk an array of GGUF type {span.item_type}")
+    f.seek(first)
+    r = _Reader(f, "array", span.end - first)
+    for _ in range(n):
+        length = r.u64()
+        if length > MAX_STRING:
+            raise GGUFError(f"a string of {length} bytes in an array")
+        r.skip(length)
+    return first + r.tell()

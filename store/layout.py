@@ -29,6 +29,7 @@ class Layout:
         self.trash = self.state / "trash"
         self.quarantine = self.state / "quarantine"
         self.history = self.state / "history"
+        self.compat = self.state / "compat"  # computed tensors of llama.cpp views
 
     def blob(self, digest: Digest) -> Path:
         return self.blobs / digest.blob_name

@@ -1,0 +1,118 @@
+"""llama.cpp-compatible views of Ollama-layout GGUFs (issue 7).
+
+Many GGUFs Ollama publishes carry names and layouts upstream llama.cpp refuses; Ollama
+translates them in memory at load time (`llama/compat/` in ollama/ollama). This package
+does the same translation as a file: `compat_views` reads a blob's header and returns the
+synthesized `llama.cpp/model.gguf` (and `llama.cpp/mmproj.gguf` for a monolithic vision
+GGUF whose clip rules are ported), or nothing for a file llama.cpp already loads.
+
+Pure and synchronous: reads headers, never tensor data (computed tensors are made when
+read, see compute.py).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from store.compat.compute import ComputeCache
+from store.compat.draft import Draft
+from store.compat.handlers import NOT_PORTED, TEXT_ARCHES, translate_clip, translate_text
+from store.compat.view import GGUFView, build_view
+from store.gguf import MAGIC, T_STRING, GGUFHeader, read_gguf_header
+
+__all__ = [
+    "COMPATIBLE_RUNNERS",
+    "NOT_PORTED",
+    "CompatViews",
+    "ComputeCache",
+    "GGUFView",
+    "compat_views",
+    "peek_architecture",
+]
+
+# Children of a manifest list made for llama.cpp are in its layout by definition (upstream
+# runs them with OLLAMA_LLAMA_CPP_COMPAT=0, "already known to be llama.cpp-compatible").
+COMPATIBLE_RUNNERS = frozenset({"llamacpp"})
+
+# KVs the clip loader never reads and that would make the projector view as big as the
+# tokenizer (tens of MB): left out of mmproj.gguf.
+_CLIP_DROP_KV = ("tokenizer.",)
+
+
+@dataclass(frozen=True)
+class CompatViews:
+    model: GGUFView
+    mmproj: GGUFView | None
+
+
+NOT_GGUF = ""
+
+
+def peek_architecture(f: BinaryIO, limit: int = 1 << 16) -> str | None:
+    """`general.architecture` when it is among the first KVs (converters write it first),
+    from the first `limit` bytes: NOT_GGUF for a file that is no GGUF, None when it cannot
+    be told from there. Cheap: one small read."""
+    head = f.read(limit)
+    if len(head) < 24 or head[:4] != MAGIC:
+        return NOT_GGUF
+    pos = 24
+    for _ in range(min(struct.unpack_from("<Q", head, 16)[0], 8)):
+        if pos + 8 > len(head):
+            return None
+        (n,) = struct.unpack_from("<Q", head, pos)
+        key = head[pos + 8 : pos + 8 + n]
+        pos += 8 + n
+        if pos + 4 > len(head):
+            return None
+        (vtype,) = struct.unpack_from("<I", head, pos)
+        pos += 4
+        if vtype != T_STRING:
+            return None  # only walk past strings; anything else: read the whole header
+        if pos + 8 > len(head):
+            return None
+        (m,) = struct.unpack_from("<Q", head, pos)
+        value = head[pos + 8 : pos + 8 + m]
+        pos += 8 + m
+        if key == b"general.architecture":
+            return value.decode("utf-8", "replace") if len(value) == m else None
+    return None
+
+
+def may_need_view(path: Path) -> bool:
+    """False when the blob's architecture has no rule, read from its first bytes."""
+    try:
+        with open(path, "rb") as f:
+            arch = peek_architecture(f)
+    except OSError:
+        return False
+    return arch is None or arch in TEXT_ARCHES  # NOT_GGUF is in no rule
+
+
+def compat_views(
+    path: Path, source_hex: str, header: GGUFHeader | None = None
+) -> CompatViews | None:
+    """The views of the GGUF at `path` (a blob named by `source_hex`), or None when no rule
+    applies. GGUFError/OSError when the file cannot be read."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if header is None:
+            header = read_gguf_header(f, str(path), size)
+        if header.architecture not in TEXT_ARCHES:
+            return None
+        text = Draft.of(header)
+        if not translate_text(text):
+            return None
+        model = build_view(text, f, path, source_hex, "model")
+        mmproj = None
+        clip = Draft.of(header)
+        rule = translate_clip(clip)
+        if rule is not None:
+            for key in [k for k in clip.kv if k.startswith(_CLIP_DROP_KV)]:
+                clip.remove(key)
+            clip.tensors = {n: t for n, t in clip.tensors.items() if n.startswith(rule.keep)}
+            mmproj = build_view(clip, f, path, source_hex, "mmproj")
+    return CompatViews(model, mmproj)

@@ -1,0 +1,133 @@
+"""Tensors whose bytes must change, made from source bytes on first read and cached.
+
+Each op mirrors an upstream load op (ollama/ollama `llama/compat/`); the cache lives in
+`<store>/.modelfs/compat/<source hex>/` (DESIGN §2: modelfs's own state), one file per
+tensor, written to a temp name and renamed when whole, so a reader never sees half a file.
+Where the store cannot be written (read-only stores exist), the bytes are kept in memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from store.compat.draft import GGML_BF16, GGML_F16, GGML_F32, Compute
+
+log = logging.getLogger(__name__)
+
+CACHE_VERSION = "v1"  # bump when an op's output changes, so old cache files are not served
+
+ReadAt = Callable[[int, int], bytes]  # (absolute offset, length) -> source bytes
+
+
+def _f16_to_f32(read: ReadAt, c: Compute) -> bytes:
+    """promote_tensor_to_f32 (llama-ollama-compat-util.cpp): F16 widened to F32."""
+    import numpy as np
+
+    ((offset, length),) = c.sources
+    return np.frombuffer(read(offset, length), dtype="<f2").astype("<f4").tobytes()
+
+
+def _to_f32(data: bytes, ggml_type: int, n: int) -> object:
+    import numpy as np
+
+    if ggml_type == GGML_F32:
+        return np.frombuffer(data, dtype="<f4").copy()
+    if ggml_type == GGML_F16:
+        return np.frombuffer(data, dtype="<f2").astype("<f4")
+    if ggml_type == GGML_BF16:
+        return (np.frombuffer(data, dtype="<u2").astype("<u4") << 16).view("<f4")
+    # Quantized norms are rare; ggml's to_float for them is what gguf's quants port does.
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    out = dequantize(np.frombuffer(data, dtype=np.uint8), GGMLQuantizationType(ggml_type))
+    return out.reshape(-1)[:n].astype("<f4")
+
+
+def _add_one_f32(read: ReadAt, c: Compute) -> bytes:
+    """register_qwen35_norm_shift_load (llama-ollama-compat.cpp): to F32, then +1."""
+    ((offset, length),) = c.sources
+    (src_type,) = c.params
+    values = _to_f32(read(offset, length), src_type, c.nbytes // 4)
+    values += 1.0  # type: ignore[operator]
+    return values.tobytes()  # type: ignore[attr-defined]
+
+
+OPS: dict[str, Callable[[ReadAt, Compute], bytes]] = {
+    "f16_to_f32": _f16_to_f32,
+    "add_one_f32": _add_one_f32,
+}
+
+
+def cache_name(tensor: str, c: Compute) -> str:
+    """A file name for one computed tensor: readable, and unique to the op and its inputs."""
+    ident = repr((CACHE_VERSION, tensor, c.op, c.sources, c.params, c.nbytes)).encode()
+    digest = hashlib.sha256(ident).hexdigest()[:16]
+    safe = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in tensor)[:120]
+    return f"{safe}.{c.op}.{digest}"
+
+
+class ComputeCache:
+    """Computed tensors of one mount (or one command): on disk under `root`, else memory.
+
+    `root` is `<store>/.modelfs/compat`; None keeps everything in memory.
+    """
+
+    def __init__(self, root: Path | None) -> None:
+        self.root = root
+        self._memory: dict[tuple[str, str], bytes] = {}
+        self._lock = threading.Lock()
+        self._warned = False
+
+    def path(self, source_hex: str, name: str) -> Path | None:
+        return None if self.root is None else self.root / source_hex / CACHE_VERSION / name
+
+    def get(
+        self, source_hex: str, name: str, c: Compute, read: ReadAt
+    ) -> tuple[Path | None, bytes]:
+        """(cache file, b"") when the bytes are on disk, else (None, the bytes)."""
+        key = (source_hex, name)
+        path = self.path(source_hex, name)
+        if path is not None:
+            with contextlib.suppress(OSError):
+                if path.stat().st_size == c.nbytes:
+                    return path, b""
+        with self._lock:
+            held = self._memory.get(key)
+            if held is not None:
+                return None, held
+            data = OPS[c.op](read, c)
+            if len(data) != c.nbytes:
+                raise ValueError(f"{name}: {c.op} made {len(data)} bytes, {c.nbytes} expected")
+            if path is not None and self._store(path, data):
+                return path, b""
+            self._memory[key] = data
+            return None, data
+
+    def _store(self, path: Path, data: bytes) -> bool:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            return True
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            if not self._warned:
+                log.warning(
+                    "cannot cache computed tensors in %s (%s); keeping them in memory",
+                    path.parent,
+                    exc.strerror or exc,
+                )
+                self._warned = True
+            return False
