@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import stat
 import time
 from collections.abc import Iterable
@@ -165,6 +166,7 @@ def plan_gc(layout: Layout, policy: GcPolicy, *, now: float | None = None) -> Gc
 
     _plan_blobs(layout, plan, keep, leased, previous)
     _plan_temps(layout, plan, keep | leased)
+    _plan_compat(layout, plan, keep | leased)
     _plan_trash(layout, plan, keep | leased)
     return plan
 
@@ -251,6 +253,27 @@ def _plan_temps(layout: Layout, plan: GcPlan, wanted: set[Digest]) -> None:
                 plan.temps_kept.append(item)
 
 
+def _plan_compat(layout: Layout, plan: GcPlan, wanted: set[Digest]) -> None:
+    """Computed tensors of llama.cpp views (`.modelfs/compat/<source hex>/`) outlive their
+    source blob only by the grace: derived data, rebuilt on the next read if ever needed."""
+    try:
+        entries = list(os.scandir(layout.compat))
+    except OSError:
+        return
+    for de in entries:
+        st = _stat(Path(de.path))
+        if st is None or not stat.S_ISDIR(st.st_mode) or not is_blob_name(f"sha256-{de.name}"):
+            continue
+        source = Digest(de.name)
+        if source in wanted or os.path.lexists(layout.blob(source)):
+            continue
+        if plan.now - st.st_mtime >= plan.policy.grace:
+            size = sum(f.stat().st_size for f in Path(de.path).rglob("*") if f.is_file())
+            plan.temps.append(
+                FileItem(Path(de.path), f".modelfs/compat/{de.name}", size, st.st_mtime, source)
+            )
+
+
 def _plan_trash(layout: Layout, plan: GcPlan, wanted: set[Digest]) -> None:
     try:
         stamps = sorted(os.scandir(layout.trash), key=lambda d: d.name)
@@ -309,11 +332,15 @@ def put_back(layout: Layout, item: FileItem) -> bool:
 
 
 def delete_file(item: FileItem, *, same_mtime: bool = True) -> bool:
+    """Unlink a file (or remove a derived-data directory) unless it changed since the plan."""
     st = _stat(item.path)
     if st is None or (same_mtime and st.st_mtime != item.mtime):
         return False
     try:
-        os.unlink(item.path)
+        if stat.S_ISDIR(st.st_mode):
+            shutil.rmtree(item.path)
+        else:
+            os.unlink(item.path)
     except FileNotFoundError:
         return False
     return True

@@ -464,3 +464,21 @@ def test_a_dry_run_names_what_would_go_and_changes_nothing(store: TinyStore) -> 
     assert "would move to trash" in r.stdout and junk.blob_name in r.stdout
     assert "dry run: nothing changed" in r.stdout
     assert tree_state(store.root) == before
+
+
+def test_llama_cpp_view_caches_go_with_their_source_blob(store: TinyStore) -> None:
+    raw = store.gguf_model("keep:1", b"weights with a view")
+    source = Digest.parse(json.loads(raw)["layers"][0]["digest"])
+    gone = Digest("9" * 64)
+    caches = {}
+    for d in (source, gone):
+        path = store.layout.compat / d.hex / "v1" / "blk.0.norm.weight.f32"
+        path.parent.mkdir(parents=True)
+        path.write_bytes(b"\0" * 64)
+        for p in (path, path.parent, path.parent.parent):
+            age(p, 2 * HOUR)
+        caches[d] = path.parent.parent
+    rc, report, _ = gc(store, "--grace", "1h")
+    assert rc == 0
+    assert caches[source].exists() and not caches[gone].exists()
+    assert [i["path"] for i in report["temps_deleted"]] == [f".modelfs/compat/{gone.hex}"]
