@@ -235,15 +235,8 @@ class ModelOperations(pyfuse3.Operations):
             await self.lease.hold(digests)
             handle.digests = digests
         try:
-            if isinstance(node, BlobNode):
-                handle.fd = self._open_blob(node.path, node.size)
-            elif isinstance(node, CompatNode):
-                handle.fd = self._open_blob(node.path, None)
-            elif isinstance(node, MergedNode):
-                assert node.merged is not None
-                for seg in node.merged.segments:
-                    if seg.path not in handle.fds:
-                        handle.fds[seg.path] = self._open_blob(seg.path, None)
+            # In a thread: on a hung NFS store an open blocks, and must not block the mount.
+            await trio.to_thread.run_sync(self._open_files, node, handle)
         except OSError as exc:
             self._close(handle)
             log.error("open %s: %s", getattr(node, "path", node.inode), exc)
@@ -253,6 +246,17 @@ class ModelOperations(pyfuse3.Operations):
         # Blob-backed content never changes under an inode, so the page cache may keep it
         # across opens; that is what makes a second read run at memory speed.
         return pyfuse3.FileInfo(fh=fh, keep_cache=True, direct_io=False)
+
+    def _open_files(self, node: Node, handle: _Handle) -> None:
+        if isinstance(node, BlobNode):
+            handle.fd = self._open_blob(node.path, node.size)
+        elif isinstance(node, CompatNode):
+            handle.fd = self._open_blob(node.path, None)
+        elif isinstance(node, MergedNode):
+            assert node.merged is not None
+            for seg in node.merged.segments:
+                if seg.path not in handle.fds:
+                    handle.fds[seg.path] = self._open_blob(seg.path, None)
 
     @staticmethod
     def _open_blob(path: Path, size: int | None) -> int:
@@ -344,7 +348,7 @@ class ModelOperations(pyfuse3.Operations):
     @_guarded
     async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
         try:
-            st = os.statvfs(self.statfs_path)
+            st = await trio.to_thread.run_sync(os.statvfs, self.statfs_path)
         except OSError as exc:
             log.error("statfs %s: %s", self.statfs_path, exc.strerror)
             raise pyfuse3.FUSEError(errno.EIO) from None

@@ -25,6 +25,9 @@ from sync.errors import SyncError
 log = logging.getLogger("modelfs")
 
 
+GC_BUSY = 75  # EX_TEMPFAIL: another GC holds the lock; try later (modelfs-gc.service allows it)
+
+
 class UserError(Exception):
     """A mistake the user can fix; printed as one line."""
 
@@ -199,11 +202,11 @@ def _duration(text: str) -> float:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    import trio
-
     from modelfs.gcreport import render_gc
+    from store.errors import LockBusyError
     from store.gc import GcPolicy
     from sync.gc import run_gc
+    from sync.threads import run_unwrapped
 
     root = find_store_root(args.store)
     policy = GcPolicy(
@@ -211,7 +214,12 @@ def cmd_gc(args: argparse.Namespace) -> int:
         partial_grace=args.partial_grace,
         trash_retention=args.trash_retention,
     )
-    report = trio.run(lambda: run_gc(Layout(root), policy, dry_run=args.dry_run))
+    try:
+        report = run_unwrapped(lambda: run_gc(Layout(root), policy, dry_run=args.dry_run))
+    except LockBusyError as exc:
+        # Another host's (or the daemon's) GC is at work: not a failure of this one.
+        log.info("gc: skipped: %s", exc)
+        return GC_BUSY
     if args.json:
         _print(json.dumps(report.as_json()))
     else:
@@ -223,6 +231,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
         )
     if report.aborted:
         raise UserError(f"gc stopped: {report.aborted}")
+    if report.errors:
+        raise UserError(f"gc: {len(report.errors)} step(s) failed (first: {report.errors[0]})")
     return 0
 
 
@@ -512,7 +522,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Delete blobs that no manifest (in any form) and no live lease of any host "
         "needs. A blob goes only after two runs at least the grace apart found it unneeded, "
         "and first into .modelfs/trash/, emptied after the trash retention. Nothing is deleted "
-        "while any manifest or lease cannot be read. One GC at a time across hosts.",
+        "while any manifest or lease cannot be read. One GC at a time across hosts: when "
+        f"another holds the lock, it says so and exits {GC_BUSY} (EX_TEMPFAIL).",
     )
     p.add_argument("--dry-run", action="store_true", help="say what would go; change nothing")
     p.add_argument(

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from store.digest import Digest, is_blob_name
+from store.errors import StoreError
 from store.layout import Layout
 from store.leases import LeaseSet, read_leases
 from store.owner import adopt, make_dirs
@@ -158,6 +159,10 @@ def plan_gc(layout: Layout, policy: GcPolicy, *, now: float | None = None) -> Gc
     leases = read_leases(layout, now)
     reach = reachable(layout, manifests=leases.manifests)
     plan.refused = [*reach.unreadable, *leases.unreadable]
+    history, problem = history_roots(layout, now)
+    if problem is not None:
+        plan.refused.append(problem)
+    reach.digests |= history
     plan.manifests = reach.manifests
     plan.leases_live, plan.leases_expired = len(leases.live), len(leases.expired)
     keep = reach.digests
@@ -169,6 +174,20 @@ def plan_gc(layout: Layout, policy: GcPolicy, *, now: float | None = None) -> Gc
     _plan_compat(layout, plan, keep | leased)
     _plan_trash(layout, plan, keep | leased)
     return plan
+
+
+def history_roots(layout: Layout, now: float) -> tuple[set[Digest], Problem | None]:
+    """What tag history keeps (versions replaced within its retention): roots for every GC,
+    whether or not the daemon that recorded them runs."""
+    from store.history import TagHistory  # history imports blobs, which GC does not need
+
+    history = TagHistory(layout)
+    if not history.exists():
+        return set(), None
+    try:
+        return history.roots(now, history.retention()), None
+    except (OSError, ValueError, StoreError) as exc:
+        return set(), Problem("bad-history", ".modelfs/history", str(exc))
 
 
 def _plan_blobs(
@@ -310,7 +329,8 @@ def move_to_trash(layout: Layout, item: FileItem, trash_dir: Path, grace: float)
     try:
         os.rename(item.path, trash_dir / item.path.name)
     except FileNotFoundError:
-        return False
+        # On NFS a retransmitted rename that already happened says "not found".
+        return os.path.lexists(trash_dir / item.path.name)
     return True
 
 
@@ -355,4 +375,9 @@ def remove_empty_dirs(paths: Iterable[Path]) -> None:
 def leases_and_reach(layout: Layout) -> tuple[LeaseSet, Reach]:
     """A fresh look just before acting, to drop candidates that became wanted since the plan."""
     leases = read_leases(layout)
-    return leases, reachable(layout, manifests=leases.manifests)
+    reach = reachable(layout, manifests=leases.manifests)
+    history, problem = history_roots(layout, time.time())
+    if problem is not None:
+        reach.unreadable.append(problem)
+    reach.digests |= history
+    return leases, reach

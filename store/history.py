@@ -78,6 +78,8 @@ from store.scan import Entry, StoreIndex, read_limited
 log = logging.getLogger(__name__)
 
 LOG_NAME = "log.jsonl"
+RETENTION_NAME = "retention.json"  # {"seconds": N}: what the daemon keeps, for every GC to read
+DEFAULT_RETENTION = 7 * 86400.0
 LOCK_STALE = 60.0  # a writer holds the lock for milliseconds; a minute without it is dead
 TEMP_GRACE = 3600.0  # our own temp files older than this are leftovers of a crash
 
@@ -242,6 +244,32 @@ class TagHistory:
             if changes:
                 self._append(changes)
             return changes
+
+    def exists(self) -> bool:
+        return self.log_path.exists()
+
+    def set_retention(self, seconds: float) -> None:
+        """Record the retention, so a GC that does not know the daemon's config (`modelfs
+        gc`, another host's timer) keeps the same versions."""
+        path = self.dir / RETENTION_NAME
+        body = json.dumps({"seconds": seconds}).encode()
+        with contextlib.suppress(OSError):
+            if path.read_bytes() == body:
+                return
+        make_dirs(self.dir, self.layout.root)
+        self._write_file(path, body)
+
+    def retention(self) -> float:
+        """The recorded retention; the default when none is (ValueError when unreadable)."""
+        try:
+            seconds = json.loads((self.dir / RETENTION_NAME).read_bytes())["seconds"]
+        except FileNotFoundError:
+            return DEFAULT_RETENTION
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{self.dir / RETENTION_NAME}: unreadable ({exc})") from None
+        if not isinstance(seconds, int | float) or seconds < 0:
+            raise ValueError(f"{self.dir / RETENTION_NAME}: not a duration")
+        return float(seconds)
 
     def roots(self, now: float, retention: float) -> set[Digest]:
         """Every digest a version superseded (changed or removed) less than `retention` ago

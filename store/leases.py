@@ -207,6 +207,9 @@ class LeaseKeeper:
         try:
             with open(tmp, "wb") as f:
                 f.write(body)
+                f.flush()
+                # A lease zeroed by a power cut would stop every host's GC until removed.
+                os.fsync(f.fileno())
             adopt(tmp, self.layout.root)
             os.replace(tmp, self.path)
         except BaseException:

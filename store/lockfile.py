@@ -27,14 +27,25 @@ from typing import Any
 from store.errors import LockBusyError, LockLostError
 from store.owner import adopt, make_dirs
 
-# A lock file without its JSON (the creator died between create and write) is given this
-# long before it counts as stale.
-EMPTY_PATIENCE = 10.0
-
 
 def host_id() -> str:
     """This host's name in locks and leases: $MODELFS_HOST_ID, else the hostname."""
     return os.environ.get("MODELFS_HOST_ID", "").strip() or socket.gethostname()
+
+
+def incarnation() -> str:
+    """This boot and pid namespace: two containers (or cloned VMs) may share a hostname, and
+    a pid is only meaningful where both match."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = "?"
+    try:
+        ns = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        ns = 0
+    return f"{boot}/{ns}"
 
 
 def pid_alive(pid: int) -> bool:
@@ -70,7 +81,7 @@ class Holder:
 
 def read_holder(path: Path) -> Holder | None:
     """The lock's holder; None when there is no lock. An unreadable body gives a Holder with
-    no host, so it goes stale after EMPTY_PATIENCE."""
+    no host, which goes stale by its heartbeat alone."""
     try:
         with open(path, "rb") as f:
             st = os.fstat(f.fileno())
@@ -117,9 +128,12 @@ class LockFile:
     def is_stale(self, holder: Holder, now: float | None = None) -> bool:
         now = now if now is not None else time.time()
         if holder.host is None:
-            return now - holder.heartbeat > min(EMPTY_PATIENCE, self.stale_after)
+            # Empty: its creator died before writing (then nobody will touch it again), or
+            # the disk was full and it is alive and touching the file.
+            return now - holder.heartbeat > self.stale_after
         same_host = holder.host == self.host and holder.pid is not None
-        if same_host and holder.pid != os.getpid() and not pid_alive(holder.pid):
+        same_pids = holder.info.get("incarnation", incarnation()) == incarnation()
+        if same_host and same_pids and holder.pid != os.getpid() and not pid_alive(holder.pid):
             return True
         return now - holder.heartbeat > self.stale_after
 
@@ -130,6 +144,7 @@ class LockFile:
                 "host": self.host,
                 "pid": os.getpid(),
                 "token": self.token,
+                "incarnation": incarnation(),
                 "since": time.time(),
                 **self.info,
             }
@@ -153,10 +168,17 @@ class LockFile:
             try:
                 st = os.fstat(fd)
                 self._file = (st.st_dev, st.st_ino)
-                if os.write(fd, body) != len(body):
-                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))
                 if self.store is not None:
                     adopt(self.path, self.store)
+                try:
+                    if os.write(fd, body) != len(body):
+                        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                except OSError as exc:
+                    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                        raise
+                    # A full disk is when GC is needed most: the lock is ours by its inode
+                    # even without its JSON, and others wait `stale_after` for an empty one.
+                    os.ftruncate(fd, 0)
             except BaseException:
                 self._file = None
                 with contextlib.suppress(FileNotFoundError):
@@ -198,8 +220,8 @@ class LockFile:
 
     def refresh(self) -> None:
         """Beat the heartbeat; LockLostError when the file is gone or someone else's."""
-        holder = read_holder(self.path)
-        if holder is None or holder.token != self.token:
+        if not self.holds():
+            holder = read_holder(self.path)
             who = "removed" if holder is None else f"taken by {holder.describe()}"
             raise LockLostError(f"{self.path.name} was {who}")
         os.utime(self.path)

@@ -46,6 +46,7 @@ from sync.http import make_client
 from sync.pull import PullOptions, pull
 from sync.serve import read_token_file, serve
 from sync.server import RegistryApp
+from sync.threads import run_unwrapped
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ class Daemon:
         self.url = ""
         self.local: dict[str, str] = {}  # this store's names -> digests, at the last round
         self.keeper = LeaseKeeper(layout, "sync", ttl=config.gc.lease_ttl, host=config.host_id)
-        self._wake = trio.Event()
+        self._wakes: dict[str, trio.Event] = {}  # one per periodic loop
         self._nursery: trio.Nursery | None = None
         self.history = TagHistory(layout, host=config.host_id)
         self.history_roots: set[Digest] = set()
@@ -143,7 +144,7 @@ class Daemon:
         log.info(
             "reload: %d peer(s), replicate %s", len(self.config.peers), list(self.config.replicate)
         )
-        self._wake.set()
+        self.wake()
 
     # -- the whole daemon ---------------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
@@ -205,11 +206,18 @@ class Daemon:
     async def _every(
         self, interval: Callable[[], float], job: Callable[[], Awaitable[None]]
     ) -> None:
+        """Run `job` every `interval()` seconds, and at once when woken (a peer's listing
+        changed, a reload)."""
+        key = getattr(job, "__name__", repr(job))
         while True:
+            self._wakes[key] = trio.Event()
             await job()
             with trio.move_on_after(interval()):
-                await self._wake.wait()
-            self._wake = trio.Event()
+                await self._wakes[key].wait()
+
+    def wake(self) -> None:
+        for event in self._wakes.values():
+            event.set()
 
     def lease_age(self) -> float | None:
         """Seconds since this host's lease was last written or touched."""
@@ -263,7 +271,7 @@ class Daemon:
                 if timer.cancelled_caught:
                     peer.failed(TimeoutError("listing timed out"), self.config.interval)
                 if peer.models != before:
-                    self._wake.set()
+                    self.wake()
                 await trio.sleep(max(peer.retry_at - time.monotonic(), self.config.interval))
 
     async def _list_peer(self, peer: PeerState) -> None:
@@ -329,6 +337,7 @@ class Daemon:
         retention = self.config.gc.history_retention
         try:
             index = await trio.to_thread.run_sync(scan_store, self.layout)
+            await trio.to_thread.run_sync(self.history.set_retention, retention)
             changes = await trio.to_thread.run_sync(self.history.observe, index, now)
             await trio.to_thread.run_sync(self.history.prune, now, retention)
             roots = await trio.to_thread.run_sync(self.history.roots, now, retention)
@@ -366,6 +375,10 @@ class Daemon:
             return None
         except (StoreError, OSError) as exc:
             log.error("gc: %s", exc)
+            return None
+        except Exception:
+            # A bug in one GC run must not take down serving and replication.
+            log.exception("gc: failed")
             return None
         self.gc_runs += 1
         self.gc_bytes_freed += report.bytes_freed
@@ -486,4 +499,4 @@ class Daemon:
 def run_daemon(config: SyncConfig, layout: Layout) -> None:
     """`modelfs sync`: until SIGTERM/SIGINT; exit 0."""
     daemon = Daemon(config, layout)
-    trio.run(daemon.run)
+    run_unwrapped(daemon.run)

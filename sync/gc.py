@@ -13,11 +13,12 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import trio
 
+from store.digest import Digest
 from store.gc import (
     FileItem,
     GcPlan,
@@ -34,6 +35,7 @@ from store.gc import (
 from store.layout import Layout
 from store.lockfile import LockFile, host_id
 from store.scan import Problem
+from sync.threads import sole
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,7 @@ class GcReport:
     plan: GcPlan | None = None
     refused: list[Problem] = field(default_factory=list)
     aborted: str | None = None
+    errors: list[str] = field(default_factory=list)  # steps the filesystem refused
     # What was done (in a dry run: what would be).
     trashed: list[FileItem] = field(default_factory=list)
     changed: list[FileItem] = field(default_factory=list)  # wanted again between plan and step
@@ -70,7 +73,7 @@ class GcReport:
 
     @property
     def ok(self) -> bool:
-        return not self.refused and self.aborted is None
+        return not self.refused and self.aborted is None and not self.errors
 
     @property
     def bytes_trashed(self) -> int:
@@ -102,6 +105,7 @@ class GcReport:
             "ok": self.ok,
             "refused": [{"path": p.path, "message": p.message} for p in self.refused],
             "aborted": self.aborted,
+            "errors": self.errors,
             "manifests": plan.manifests,
             "blobs": plan.blobs,
             "referenced": plan.referenced,
@@ -154,31 +158,77 @@ class _Run:
         report.take_plan(plan)
         if plan.refused:
             return
-        await trio.to_thread.run_sync(save_first_seen, layout, plan.first_seen)
+        # First what needs no state and frees space (on a full disk, the state below may not
+        # be writable): put-backs, the trash past its retention, old temp files.
+        await self.steps(plan.restore, lambda i: put_back(layout, i), report.restored)
+        await self.steps(plan.purge, delete_file, report.purged)
+        await self.steps(plan.temps, delete_file, report.temps)
+        emptied = {i.path.parent for i in (*report.purged, *report.restored)}
+        await trio.to_thread.run_sync(remove_empty_dirs, sorted(emptied))
+        try:
+            await trio.to_thread.run_sync(save_first_seen, layout, plan.first_seen)
+        except OSError as exc:
+            # Without the record, no second sighting can be trusted: move nothing this run.
+            self.error(f"{layout.state / 'gc'}: {exc.strerror or exc}; nothing moved to trash")
+            return
         trash = plan.trash
         if trash:
             # Another host may have written a manifest or a lease since the plan was made.
-            leases, reach = await trio.to_thread.run_sync(leases_and_reach, layout)
-            if reach.unreadable or leases.unreadable:
-                report.refused = [*reach.unreadable, *leases.unreadable]
+            wanted = await self.wanted()
+            if wanted is None:
                 return
-            wanted = reach.digests | leases.digests
             report.changed += [i for i in trash if i.digest in wanted]
             trash = [i for i in trash if i.digest not in wanted]
         grace = policy.grace
         await self.steps(
             trash, lambda i: move_to_trash(layout, i, self.trash_dir, grace), report.trashed
         )
-        await self.steps(plan.temps, delete_file, report.temps)
-        await self.steps(plan.restore, lambda i: put_back(layout, i), report.restored)
-        await self.steps(plan.purge, delete_file, report.purged)
         if report.trashed:
+            await self.put_back_wanted()
             first_seen = dict(plan.first_seen)
             for item in report.trashed:
                 first_seen.pop(item.path.name, None)
-            await trio.to_thread.run_sync(save_first_seen, layout, first_seen)
-        emptied = {i.path.parent for i in (*report.purged, *report.restored)}
-        await trio.to_thread.run_sync(remove_empty_dirs, sorted(emptied))
+            try:
+                await trio.to_thread.run_sync(save_first_seen, layout, first_seen)
+            except OSError as exc:
+                self.error(f"{layout.state / 'gc'}: {exc.strerror or exc}")
+
+    async def wanted(self) -> set[Digest] | None:
+        """What manifests and live leases name now; None (and the run refused) when one of
+        them cannot be read."""
+        leases, reach = await trio.to_thread.run_sync(leases_and_reach, self.layout)
+        if reach.unreadable or leases.unreadable:
+            self.report.refused = [*reach.unreadable, *leases.unreadable]
+            return None
+        return reach.digests | leases.digests
+
+    async def put_back_wanted(self) -> None:
+        """A pull or an open that wrote its lease after our look, and found the blob still
+        there, must find it there: after moving, look again and put back what is wanted (or
+        everything moved, if the look fails)."""
+        wanted = await self.wanted()
+        moved = self.report.trashed
+        back = [i for i in moved if wanted is None or i.digest in wanted]
+        if not back:
+            return
+        in_trash = [replace(i, path=self.trash_dir / i.path.name) for i in back]
+        done = await trio.to_thread.run_sync(lambda: [put_back(self.layout, i) for i in in_trash])
+        returned = {i.digest for i, ok in zip(back, done, strict=True) if ok}
+        self.report.trashed = [i for i in moved if i.digest not in returned]
+        self.report.changed += [i for i in back if i.digest in returned]
+        log.info("gc: %d blob(s) wanted again while moving; put back", len(returned))
+
+    def error(self, message: str) -> None:
+        self.report.errors.append(message)
+        log.error("gc: %s", message)
+
+    def attempt(self, step: Callable[[FileItem], bool], item: FileItem) -> bool | None:
+        """One step: done, not done (it changed since the plan), or None (an error)."""
+        try:
+            return step(item)
+        except OSError as exc:
+            self.error(f"{item.rel}: {exc.strerror or exc}")
+            return None
 
     async def steps(
         self, items: Sequence[FileItem], step: Callable[[FileItem], bool], done: list[FileItem]
@@ -190,9 +240,14 @@ class _Run:
             except Exception as exc:
                 self.lose(exc)
                 await trio.lowlevel.checkpoint()  # raises Cancelled: the work scope is cancelled
-            results = await trio.to_thread.run_sync(lambda b=batch: [step(i) for i in b])
+            results = await trio.to_thread.run_sync(
+                lambda b=batch: [self.attempt(step, i) for i in b]
+            )
             for item, acted in zip(batch, results, strict=True):
-                (done if acted else self.report.changed).append(item)
+                if acted:
+                    done.append(item)
+                elif acted is not None:  # None: the error is in the report already
+                    self.report.changed.append(item)
 
 
 async def run_gc(
@@ -221,6 +276,11 @@ async def run_gc(
             with run.work:
                 await run.collect()
             nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        exc = sole(group)
+        if exc is group:
+            raise
+        raise exc from None
     finally:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(lock.release)

@@ -36,7 +36,7 @@ import threading
 from collections.abc import Callable, Iterator
 
 from store.digest import Digest
-from store.errors import LockBusyError, LockLostError
+from store.errors import LockBusyError
 from store.layout import Layout
 from store.lockfile import LockFile
 from store.owner import make_dirs
@@ -228,7 +228,9 @@ class PartialBlob:
             raise BlobBusyError(str(exc)) from None
 
     def heartbeat(self) -> None:
-        with contextlib.suppress(OSError, LockLostError):
+        """Touch the lock; LockLostError when another process took it over (it judged us
+        dead): from then on the temp file is theirs, and nothing we wrote may be trusted."""
+        with contextlib.suppress(OSError):
             self.lock.refresh()
 
     # -- open / resume --------------------------------------------------------------------------

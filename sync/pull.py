@@ -944,6 +944,12 @@ class Puller:
             raise _local_error(exc, self.layout, f"blob {partial.digest}") from None
 
     def _promote(self, partial: PartialBlob) -> None:
+        if not partial.lock.holds():
+            # Another process took the blob over while we fetched: the file at the path may
+            # hold its bytes as well as ours, whatever we hashed. Let the holder finish it.
+            raise LocalWriteError(
+                f"blob {partial.digest}: another process took over its temp file; not installed"
+            )
         try:
             partial.close()
             self.store.install(partial.path, partial.digest)

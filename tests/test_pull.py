@@ -521,21 +521,6 @@ async def test_a_live_lock_is_waited_for_and_a_dead_one_taken_over(
 
 
 # -- a full disk ------------------------------------------------------------------------------
-@pytest.fixture
-def tiny_fs(tmp_path: Path) -> Iterator[Path]:
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    r = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True
-    )
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {r.stderr.decode().strip()}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
 @PATHS
 async def test_full_disk_fails_cleanly(tmp_path: Path, tiny_fs: Path, opts: PullOptions) -> None:
     # Three 2 MiB blobs into 4 MiB: the small path fails on a write, the large path when it
