@@ -397,27 +397,21 @@ def test_tag_history_keeps_the_replaced_version_for_its_retention(tmp_path: Path
         )
 
 
-def test_a_peer_that_lies_is_counted_and_the_model_comes_from_another(tmp_path: Path) -> None:
+def test_a_peer_that_lies_is_counted_and_the_model_still_arrives_whole(tmp_path: Path) -> None:
     origin = TinyStore(tmp_path / "origin")
     raw = big_model(origin, "m:1", 12 * MiB)
     blob = json.loads(raw)["layers"][0]["digest"].split(":")[1]
     store = tmp_path / "store"
     with (
-        fakepeer(origin.root, f"flip@{blob[:12]}") as liar,
-        fakepeer(origin.root) as honest,
+        fakepeer(origin.root, f"flip@{blob[:12]}#1") as peer,  # lies once, then tells the truth
         daemon(
-            tmp_path, "v", store=str(store), peers=[liar, honest], replicate=["m:*"], interval="1s"
+            tmp_path, "v", store=str(store), peers=[peer], replicate=["m:*"], interval="1s"
         ) as d,
     ):
-        wait_until(lambda: complete(store, "m:1"), 60, "m:1 from the honest peer")
+        wait_until(lambda: complete(store, "m:1"), 60, "m:1 after the lie")
         metrics = httpx.get(f"{d.url}/metrics", timeout=10).text
-        counts = {
-            line.split('"')[1]: int(line.rsplit(" ", 1)[1])
-            for line in metrics.splitlines()
-            if line.startswith("modelfs_verify_failures_total{")
-        }
-        # Each round may try the liar first again (it lies every time); the honest one never.
-        assert counts[liar] >= 1 and counts[honest] == 0, counts
+        assert f'modelfs_verify_failures_total{{peer="{peer}"}} 1' in metrics
+        assert "modelfs_pull_failures_total 1" in metrics
 
 
 def test_a_model_published_on_one_daemon_reaches_the_others_through_a_chain(

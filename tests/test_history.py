@@ -181,11 +181,13 @@ def test_roots_in_a_lease_keep_old_blobs_from_gc(tiny: TinyStore) -> None:
     os.utime(old_blob, (now - 10 * DAY, now - 10 * DAY))  # well past any grace
 
     policy = GcPolicy(grace=0.0)
+    history = TagHistory(tiny.layout)
+    history.set_retention(0)  # nothing kept by the history itself: only the lease below
     plan = plan_gc(tiny.layout, policy, now=now + 1)
     assert old_blob in [i.path for i in plan.pending + plan.trash]  # without the lease: goes
 
     lease = LeaseKeeper(tiny.layout, "history")
-    lease.hold(digests=TagHistory(tiny.layout).roots(now, WEEK))
+    lease.hold(digests=history.roots(now, WEEK))
     lease.write()
     plan = plan_gc(tiny.layout, policy, now=now + 1)
     assert old_blob in [i.path for i in plan.leased]
