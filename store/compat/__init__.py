@@ -103,12 +103,12 @@ def compat_views(
             header = read_gguf_header(f, str(path), size)
         if header.architecture not in TEXT_ARCHES:
             return None
-        text = Draft.of(header)
+        text = Draft.of(header, f)
         if not translate_text(text):
             return None
         model = build_view(text, f, path, source_hex, "model")
         mmproj = None
-        clip = Draft.of(header)
+        clip = Draft.of(header, f)
         rule = translate_clip(clip)
         if rule is not None:
             for key in [k for k in clip.kv if k.startswith(_CLIP_DROP_KV)]:
