@@ -53,6 +53,7 @@ _FIXED: dict[int, tuple[str, int]] = {
     T_FLOAT64: ("d", 8),
 }
 _FIXED_STRUCTS = {t: struct.Struct("<" + code) for t, (code, _) in _FIXED.items()}
+FIXED_SIZES = {t: size for t, (_, size) in _FIXED.items()}  # bytes of each fixed-size type
 
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")

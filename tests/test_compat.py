@@ -1497,6 +1497,25 @@ def test_llama3_metadata_view(tmp_path: Path) -> None:
     assert compat_views(ok, HEX) is None
 
 
+def test_plain_llama_files_are_not_parsed_for_a_view(tmp_path: Path) -> None:
+    """A llama GGUF whose vocabulary is too small to be Llama 3's is told from its first
+    bytes (no full header read at mount time); a Llama 3 sized one is looked at."""
+    from store.compat import may_need_view, peek_token_count
+
+    kvs: list[KV] = [
+        ("llama.block_count", 1, V.UINT32),
+        ("llama.rope.freq_factors", [1.0, 2.0], V.ARRAY, V.FLOAT32),
+        *tokenizer(32000),
+    ]
+    small = write_gguf(tmp_path / "l2.gguf", "llama", kvs, [("token_embd.weight", f32(8, 32))])
+    with open(small, "rb") as f:
+        assert peek_token_count(f) == 32000
+    assert not may_need_view(small)
+    kvs[2:] = [("tokenizer.ggml.tokens", llama3_tokens(), V.ARRAY, V.STRING)]
+    big = write_gguf(tmp_path / "l3.gguf", "llama", kvs, [("token_embd.weight", f32(8, 32))])
+    assert may_need_view(big)
+
+
 def test_glmocr_view(tmp_path: Path) -> None:
     kvs: list[KV] = [
         ("glmocr.block_count", 1, V.UINT32),
@@ -1534,3 +1553,47 @@ def test_glmocr_view(tmp_path: Path) -> None:
     assert raw(up) == raw(source["blk.0.ffn_gate.weight"]) + raw(source["blk.0.ffn_up.weight"])
     assert "blk.0.ffn_gate.weight" not in got and not any(n.startswith("v.") for n in got)
     assert not views.model.computed
+
+
+@pytest.mark.slow
+def test_llama_cpp_reads_the_qwen25vl_view_it_refuses_raw(tmp_path: Path) -> None:
+    """llama.cpp knows no architecture "qwen25vl"; the view's qwen2vl hyperparameters (M-RoPE
+    sections padded to four) and vocabulary load (vocab-only)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from modelfs.demo import _bpe_vocab
+
+    vocab = _bpe_vocab(("<|endoftext|>", "<|im_start|>", "<|im_end|>"))
+    hparams = {
+        "context_length": 4096,
+        "embedding_length": 64,
+        "block_count": 1,
+        "feed_forward_length": 128,
+        "attention.head_count": 2,
+        "attention.head_count_kv": 1,
+    }
+    kvs: list[KV] = [(f"qwen25vl.{k}", v, V.UINT32) for k, v in hparams.items()]
+    kvs += [
+        ("qwen25vl.attention.layer_norm_rms_epsilon", 1e-6, V.FLOAT32),
+        ("qwen25vl.rope.freq_base", 1e6, V.FLOAT32),
+        ("qwen25vl.rope.mrope_section", [4, 6, 6], V.ARRAY, V.INT32),
+        ("tokenizer.ggml.model", "gpt2", V.STRING),
+        ("tokenizer.ggml.pre", "qwen2", V.STRING),
+        ("tokenizer.ggml.tokens", list(vocab.tokens), V.ARRAY, V.STRING),
+        ("tokenizer.ggml.token_type", list(vocab.types), V.ARRAY, V.INT32),
+        ("tokenizer.ggml.merges", list(vocab.merges), V.ARRAY, V.STRING),
+        ("tokenizer.ggml.eos_token_id", vocab.specials["<|im_end|>"], V.UINT32),
+    ]
+    ts: list[Tensor] = [
+        ("token_embd.weight", f32(len(vocab.tokens), 64)),
+        ("v.blk.0.attn_q.weight", f16(32, 32)),
+        ("v.merger.mlp.0.weight", f16(64, 32)),
+    ]
+    src = write_gguf(tmp_path / "qwen25vl.gguf", "qwen25vl", kvs, ts)
+    with pytest.raises(ValueError):
+        llama_cpp.Llama(model_path=str(src), vocab_only=True, verbose=False)
+    view = materialize(views_of(src).model, tmp_path)
+    llm = llama_cpp.Llama(model_path=str(view), vocab_only=True, verbose=False)
+    assert llm.n_vocab() == len(vocab.tokens)
+    assert llm.token_eos() == vocab.specials["<|im_end|>"]
+    tokens = llm.tokenize(b" hello world", add_bos=False)
+    assert llm.detokenize(tokens) == b" hello world"

@@ -22,7 +22,7 @@ from store.compat.compute import ComputeCache
 from store.compat.draft import Draft
 from store.compat.handlers import NOT_PORTED, TEXT_ARCHES, translate_clip, translate_text
 from store.compat.view import GGUFView, build_view
-from store.gguf import MAGIC, T_STRING, GGUFHeader, read_gguf_header
+from store.gguf import FIXED_SIZES, MAGIC, T_ARRAY, T_STRING, GGUFHeader, read_gguf_header
 
 __all__ = [
     "COMPATIBLE_RUNNERS",
@@ -82,11 +82,59 @@ def peek_architecture(f: BinaryIO, limit: int = 1 << 16) -> str | None:
     return None
 
 
+def peek_token_count(f: BinaryIO, limit: int = 1 << 16) -> int | None:
+    """The length of tokenizer.ggml.tokens when its array header is within the first
+    `limit` bytes and only scalars, strings and arrays of fixed-size items come before it
+    (converters write the vocabulary early), else None."""
+    f.seek(0)
+    head = f.read(limit)
+    if len(head) < 24 or head[:4] != MAGIC:
+        return None
+    pos = 24
+    for _ in range(struct.unpack_from("<Q", head, 16)[0]):
+        if pos + 8 > len(head):
+            return None
+        (n,) = struct.unpack_from("<Q", head, pos)
+        key = head[pos + 8 : pos + 8 + n]
+        pos += 8 + n
+        if pos + 4 > len(head):
+            return None
+        (vtype,) = struct.unpack_from("<I", head, pos)
+        pos += 4
+        if vtype == T_STRING:
+            if pos + 8 > len(head):
+                return None
+            pos += 8 + struct.unpack_from("<Q", head, pos)[0]
+        elif vtype == T_ARRAY:
+            if pos + 12 > len(head):
+                return None
+            item_type, count = struct.unpack_from("<IQ", head, pos)
+            pos += 12
+            if key == b"tokenizer.ggml.tokens":
+                return count
+            if item_type not in FIXED_SIZES:
+                return None  # a string array cannot be skipped cheaply
+            pos += count * FIXED_SIZES[item_type]
+        elif vtype in FIXED_SIZES:
+            pos += FIXED_SIZES[vtype]
+        else:
+            return None
+    return None
+
+
+# The smallest vocabulary a Llama 3 metadata gap can be found in (<|eot_id|> is 128009).
+_LLAMA3_MIN_VOCAB = 128010
+
+
 def may_need_view(path: Path) -> bool:
-    """False when the blob's architecture has no rule, read from its first bytes."""
+    """False when the blob's architecture has no rule, read from its first bytes (and, for
+    the many plain llama files, a vocabulary too small to be Llama 3's)."""
     try:
         with open(path, "rb") as f:
             arch = peek_architecture(f)
+            if arch == "llama":
+                count = peek_token_count(f)
+                return count is None or count >= _LLAMA3_MIN_VOCAB
     except OSError:
         return False
     return arch is None or arch in TEXT_ARCHES  # NOT_GGUF is in no rule
