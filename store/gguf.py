@@ -53,6 +53,7 @@ _FIXED: dict[int, tuple[str, int]] = {
     T_FLOAT64: ("d", 8),
 }
 _FIXED_STRUCTS = {t: struct.Struct("<" + code) for t, (code, _) in _FIXED.items()}
+FIXED_SIZES = {t: size for t, (_, size) in _FIXED.items()}  # bytes of each fixed-size type
 
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
@@ -615,3 +616,36 @@ def array_prefix_end(f: BinaryIO, span: KVSpan, n: int) -> int:
             raise GGUFError(f"a string of {length} bytes in an array")
         r.skip(length)
     return first + r.tell()
+
+
+def read_array(f: BinaryIO, span: KVSpan, start: int = 0, count: int | None = None) -> list[Any]:
+    """Items [start, start+count) of the array at `span`, read from the file (for arrays
+    too long to keep in a header: a vocabulary, a charsmap)."""
+    if span.vtype != T_ARRAY:
+        raise GGUFError("not an array")
+    stop = span.count if count is None else min(span.count, start + count)
+    if start >= stop:
+        return []
+    first = span.value + 12
+    fixed = _FIXED.get(span.item_type)
+    if fixed is not None:
+        code, size = fixed
+        f.seek(first + start * size)
+        data = f.read((stop - start) * size)
+        if len(data) != (stop - start) * size:
+            raise GGUFError("truncated array")
+        return list(struct.unpack(f"<{stop - start}{code}", data))
+    if span.item_type != T_STRING:
+        raise GGUFError(f"cannot read an array of GGUF type {span.item_type}")
+    f.seek(first)
+    r = _Reader(f, "array", span.end - first)
+    out: list[Any] = []
+    for i in range(stop):
+        if i < start:
+            length = r.u64()
+            if length > MAX_STRING:
+                raise GGUFError(f"a string of {length} bytes in an array")
+            r.skip(length)
+        else:
+            out.append(r.string_bytes(MAX_STRING, "array").decode("utf-8", errors="replace"))
+    return out

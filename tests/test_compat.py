@@ -20,6 +20,7 @@ from modelfs.demo import _GEMMA_SPECIALS, _spm_vocab  # noqa: E402
 from store.compat import CompatViews, compat_views  # noqa: E402
 from store.compat.compute import ComputeCache  # noqa: E402
 from store.compat.view import GGUFView  # noqa: E402
+from store.gguf import read_array, read_gguf_header_path  # noqa: E402
 from tests.builders import TinyStore  # noqa: E402
 from tests.mounting import fuse, mounted  # noqa: E402
 
@@ -353,7 +354,6 @@ def test_gemma4_text_view(tmp_path: Path) -> None:
     src = gemma4_ollama(tmp_path)
     views = views_of(src)
     assert views.model.handler == "handle_gemma4"
-    assert views.mmproj is None  # gemma4's clip rules are not ported yet
     reader = gguf.GGUFReader(materialize(views.model, tmp_path))
     source = tensors(gguf.GGUFReader(src))
     kv = fields(reader)
@@ -431,7 +431,6 @@ def test_qwen35_text_view(tmp_path: Path, arch: str) -> None:
     src = qwen35_ollama(tmp_path, arch)
     views = views_of(src)
     assert views.model.handler == f"handle_{arch}"
-    assert views.mmproj is None  # qwen35 clip rules not ported yet
     reader = gguf.GGUFReader(materialize(views.model, tmp_path))
     source = tensors(gguf.GGUFReader(src))
     kv = fields(reader)
@@ -554,7 +553,6 @@ def test_mistral3_view(tmp_path: Path) -> None:
     ]
     src = write_gguf(tmp_path / "m.gguf", "mistral3", kvs, ts)
     views = views_of(src)
-    assert views.mmproj is None  # the pixtral clip rules are not ported yet
     reader = gguf.GGUFReader(materialize(views.model, tmp_path))
     kv = fields(reader)
     assert kv["mistral3.rope.scaling.yarn_beta_fast"] == pytest.approx(32.0)
@@ -828,4 +826,774 @@ def test_llama_cpp_reads_the_gptoss_view_it_refuses_raw(tmp_path: Path) -> None:
     assert llm.n_vocab() == len(vocab.tokens)
     tokens = llm.tokenize(b" hello world", add_bos=False)
     assert len(tokens) == 2  # the merged words, with their leading spaces
+    assert llm.detokenize(tokens) == b" hello world"
+
+
+# -- clip (mmproj.gguf) views of the other monolithic architectures -----------------------
+
+
+def mmproj_of(src: Path, tmp_path: Path) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """(view reader, its KVs, the source's tensors by name) of src's mmproj view."""
+    views = views_of(src)
+    assert views.mmproj is not None
+    reader = gguf.GGUFReader(materialize(views.mmproj, tmp_path, ComputeCache(None)))
+    check_aligned(reader)
+    kv = fields(reader)
+    assert kv["general.architecture"] == "clip"
+    assert not any(k.startswith("tokenizer.") for k in kv)
+    return reader, kv, tensors(gguf.GGUFReader(src))
+
+
+def check_renamed(got: dict[str, Any], source: dict[str, Any], renames: dict[str, str]) -> None:
+    """Each view tensor `new` is source tensor `old`, byte for byte, same type and shape."""
+    for new, old in renames.items():
+        t, s = got[new], source[old]
+        assert t.tensor_type == s.tensor_type, new
+        assert list(t.shape) == list(s.shape), new
+        assert raw(t) == raw(s), new
+
+
+def as_f32(t: Any) -> np.ndarray:
+    assert t.tensor_type == gguf.GGMLQuantizationType.F32
+    return np.asarray(t.data, np.float32)
+
+
+def qwen35_vision(tmp_path: Path, arch: str) -> Path:
+    """qwen35(moe) with its vision tower inline: separate q/k/v, a packed two-frame F16
+    patch embedding, the merger under v.merger.*."""
+    kvs: list[KV] = [
+        (f"{arch}.block_count", 1, V.UINT32),
+        (f"{arch}.embedding_length", 64, V.UINT32),
+        (f"{arch}.vision.block_count", 2, V.UINT32),
+        (f"{arch}.vision.embedding_length", 8, V.UINT32),
+        (f"{arch}.vision.attention.head_count", 2, V.UINT32),
+        (f"{arch}.vision.patch_size", 2, V.UINT32),
+        (f"{arch}.vision.spatial_merge_size", 2, V.UINT32),
+        (f"{arch}.vision.num_channels", 3, V.UINT32),
+        *tokenizer(16, model="gpt2"),
+    ]
+    ts: list[Tensor] = [("token_embd.weight", (16, 64), "Q8_0"), ("mtp.fc.weight", f32(64, 4))]
+    for b in range(2):
+        for i, x in enumerate("qkv"):
+            ts.append((f"v.blk.{b}.attn_{x}.weight", f16(8, 8, seed=10 * b + i)))
+            ts.append((f"v.blk.{b}.attn_{x}.bias", f32(8, seed=20 + 10 * b + i)))
+        ts += [
+            (f"v.blk.{b}.attn_out.weight", f16(8, 8, seed=40 + b)),
+            (f"v.blk.{b}.norm1.weight", f32(8, seed=42 + b)),
+            (f"v.blk.{b}.norm2.weight", f32(8, seed=44 + b)),
+            (f"v.blk.{b}.mlp.linear_fc1.weight", f16(16, 8, seed=46 + b)),
+            (f"v.blk.{b}.mlp.linear_fc2.weight", f16(8, 16, seed=48 + b)),
+        ]
+    ts += [
+        # numpy order [c_out*c_in, frames, h, w] = ggml [w, h, frames, packed]
+        ("v.patch_embed.weight", f16(8 * 3, 2, 2, 2, seed=50)),
+        ("v.pos_embed.weight", f16(4, 8, seed=51)),
+        ("v.merger.norm.weight", f32(8, seed=52)),
+        ("v.merger.linear_fc1.weight", f16(32, 32, seed=53)),
+        ("v.merger.linear_fc2.weight", f16(64, 32, seed=54)),
+    ]
+    return write_gguf(tmp_path / f"{arch}-vision.gguf", arch, kvs, ts)
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "qwen35moe"])
+def test_qwen35_mmproj_view(tmp_path: Path, arch: str) -> None:
+    src = qwen35_vision(tmp_path, arch)
+    assert views_of(src).mmproj.handler == f"handle_{arch}_clip"  # type: ignore[union-attr]
+    reader, kv, source = mmproj_of(src, tmp_path)
+    assert kv["clip.projector_type"] == "qwen3vl_merger"
+    assert kv["clip.vision.block_count"] == 2
+    assert kv["clip.vision.embedding_length"] == 8
+    assert kv["clip.vision.attention.head_count"] == 2
+    assert kv["clip.vision.patch_size"] == 2
+    assert kv["clip.vision.spatial_merge_size"] == 2
+    assert kv["clip.vision.num_channels"] == 3
+    assert kv["clip.vision.projection_dim"] == 64
+    # Defaults of the reference mmproj for what these files lack.
+    assert kv["clip.vision.feed_forward_length"] == 4304
+    assert kv["clip.vision.image_size"] == 768
+    assert kv["clip.vision.attention.layer_norm_epsilon"] == pytest.approx(1e-6)
+    assert kv["clip.vision.image_mean"] == [0.5] * 3 and kv["clip.vision.image_std"] == [0.5] * 3
+    assert kv["clip.vision.is_deepstack_layers"] == [False, False]
+    assert field_type(reader, "clip.vision.is_deepstack_layers") == [V.ARRAY, V.BOOL]
+    assert kv["clip.has_vision_encoder"] is True and kv["clip.use_gelu"] is True
+    got = tensors(reader)
+    for b in range(2):
+        # q, k, v concatenated along the slow axis: [8, 8] x 3 -> [8, 24].
+        w, bias = got[f"v.blk.{b}.attn_qkv.weight"], got[f"v.blk.{b}.attn_qkv.bias"]
+        assert list(w.shape) == [8, 24] and list(bias.shape) == [24]
+        assert w.tensor_type == gguf.GGMLQuantizationType.F16
+        parts = [source[f"v.blk.{b}.attn_{x}.weight"] for x in "qkv"]
+        assert raw(w) == b"".join(raw(p) for p in parts)
+        bparts = [source[f"v.blk.{b}.attn_{x}.bias"] for x in "qkv"]
+        assert raw(bias) == b"".join(raw(p) for p in bparts)
+        for x in "qkv":
+            assert f"v.blk.{b}.attn_{x}.weight" not in got  # merged: no orphans
+    check_renamed(
+        got,
+        source,
+        {
+            "v.blk.0.ln1.weight": "v.blk.0.norm1.weight",
+            "v.blk.1.ln2.weight": "v.blk.1.norm2.weight",
+            "v.blk.0.ffn_up.weight": "v.blk.0.mlp.linear_fc1.weight",
+            "v.blk.1.ffn_down.weight": "v.blk.1.mlp.linear_fc2.weight",
+            "v.blk.0.attn_out.weight": "v.blk.0.attn_out.weight",
+            "v.post_ln.weight": "v.merger.norm.weight",
+            "mm.0.weight": "v.merger.linear_fc1.weight",
+            "mm.2.weight": "v.merger.linear_fc2.weight",
+        },
+    )
+    # The packed two-frame patch embedding -> one F32 [w, h, c_in, c_out] per frame.
+    packed = np.asarray(source["v.patch_embed.weight"].data).reshape(24, 2, 2, 2)
+    for name, frame in (("v.patch_embd.weight", 0), ("v.patch_embd.weight.1", 1)):
+        assert list(got[name].shape) == [2, 2, 3, 8]
+        want = packed[:, frame].astype(np.float32).reshape(8, 3, 2, 2)
+        assert np.array_equal(as_f32(got[name]).reshape(8, 3, 2, 2), want)
+    pos = got["v.position_embd.weight"]
+    assert np.array_equal(as_f32(pos), np.asarray(source["v.pos_embed.weight"].data, np.float32))
+    assert not any(n.startswith(("token_embd", "mtp.", "blk.")) for n in got)
+    assert len(got) == 2 * 7 + 6  # per block 7; two patch slices, pos, post_ln, mm.0, mm.2
+
+
+def test_mistral3_mmproj_view(tmp_path: Path) -> None:
+    kvs: list[KV] = [
+        ("mistral3.block_count", 1, V.UINT32),
+        ("mistral3.embedding_length", 64, V.UINT32),
+        ("mistral3.spatial_merge_size", 2, V.UINT32),
+        ("mistral3.vision.block_count", 1, V.UINT32),
+        ("mistral3.vision.embedding_length", 16, V.UINT32),
+        ("mistral3.vision.feed_forward_length", 32, V.UINT32),
+        ("mistral3.vision.attention.head_count", 2, V.UINT32),
+        ("mistral3.vision.image_size", 32, V.UINT32),
+        ("mistral3.vision.patch_size", 4, V.UINT32),
+        ("mistral3.vision.num_channels", 3, V.UINT32),
+        ("mistral3.vision.rope.freq_base", 10000.0, V.FLOAT32),
+        *tokenizer(16, model="gpt2"),
+    ]
+    ts: list[Tensor] = [
+        ("token_embd.weight", (16, 64), "Q8_0"),
+        ("output_norm.weight", f32(64, seed=1)),
+        ("v.patch_conv.weight", f16(16, 3, 4, 4, seed=2)),
+        ("v.encoder_norm.weight", f32(16, seed=3)),
+        ("v.blk.0.attn_q.weight", f16(16, 16, seed=4)),
+        ("v.blk.0.attn_k.weight", f16(16, 16, seed=5)),
+        ("v.blk.0.attn_v.weight", f16(16, 16, seed=6)),
+        ("v.blk.0.attn_output.weight", f16(16, 16, seed=7)),
+        ("v.blk.0.attn_norm.weight", f32(16, seed=8)),
+        ("v.blk.0.ffn_norm.weight", f32(16, seed=9)),
+        ("mm.linear_1.weight", f16(64, 16, seed=10)),
+        ("mm.linear_2.weight", f16(64, 64, seed=11)),
+        ("mm.norm.weight", f32(16, seed=12)),
+        ("mm.patch_merger.merging_layer.weight", f16(16, 64, seed=13)),
+    ]
+    src = write_gguf(tmp_path / "mistral3-vision.gguf", "mistral3", kvs, ts)
+    reader, kv, source = mmproj_of(src, tmp_path)
+    assert kv["clip.projector_type"] == "pixtral"
+    for key, want in (
+        ("block_count", 1),
+        ("embedding_length", 16),
+        ("feed_forward_length", 32),
+        ("attention.head_count", 2),
+        ("image_size", 32),
+        ("patch_size", 4),
+        ("num_channels", 3),
+        ("spatial_merge_size", 2),
+        ("projection_dim", 64),
+    ):
+        assert kv[f"clip.vision.{key}"] == want, key
+    assert kv["clip.rope.freq_base"] == pytest.approx(10000.0)
+    assert kv["clip.vision.attention.layer_norm_epsilon"] == pytest.approx(1e-5)
+    assert kv["clip.vision.image_mean"] == pytest.approx([0.48145467, 0.4578275, 0.40821072])
+    assert kv["clip.vision.image_std"] == pytest.approx([0.26862955, 0.26130259, 0.2757771])
+    assert kv["clip.has_vision_encoder"] is True and kv["clip.use_silu"] is True
+    got = tensors(reader)
+    # Vision Q/K rows in llama.cpp's RoPE order: per head, [n_head, 2, hd/2] -> [n_head,
+    # hd/2, 2] (what llama.cpp's converter does); V untouched.
+    for x in "qk":
+        w = np.asarray(source[f"v.blk.0.attn_{x}.weight"].data)
+        want = w.reshape(2, 2, 4, 16).swapaxes(1, 2).reshape(16, 16)
+        t = got[f"v.blk.0.attn_{x}.weight"]
+        assert t.tensor_type == gguf.GGMLQuantizationType.F16
+        assert np.array_equal(np.asarray(t.data), want)
+    # [IMG_BREAK]'s embedding: zeros, F32 [n_embd], in output_norm's place.
+    brk = got["v.token_embd.img_break"]
+    assert list(brk.shape) == [64] and not as_f32(brk).any()
+    patch = got["v.patch_embd.weight"]
+    assert list(patch.shape) == list(source["v.patch_conv.weight"].shape)
+    assert np.array_equal(as_f32(patch), np.asarray(source["v.patch_conv.weight"].data, np.float32))
+    check_renamed(
+        got,
+        source,
+        {
+            "v.pre_ln.weight": "v.encoder_norm.weight",
+            "v.blk.0.attn_v.weight": "v.blk.0.attn_v.weight",
+            "v.blk.0.attn_out.weight": "v.blk.0.attn_output.weight",
+            "v.blk.0.ln1.weight": "v.blk.0.attn_norm.weight",
+            "v.blk.0.ln2.weight": "v.blk.0.ffn_norm.weight",
+            "mm.1.weight": "mm.linear_1.weight",
+            "mm.2.weight": "mm.linear_2.weight",
+            "mm.input_norm.weight": "mm.norm.weight",
+            "mm.patch_merger.weight": "mm.patch_merger.merging_layer.weight",
+        },
+    )
+    assert len(got) == 13
+
+
+def test_llama4_mmproj_view(tmp_path: Path) -> None:
+    kvs: list[KV] = [
+        ("llama4.block_count", 1, V.UINT32),
+        ("llama4.embedding_length", 64, V.UINT32),
+        ("llama4.vision.block_count", 1, V.UINT32),
+        ("llama4.vision.embedding_length", 16, V.UINT32),
+        ("llama4.vision.feed_forward_length", 32, V.UINT32),
+        ("llama4.vision.attention.head_count", 2, V.UINT32),
+        ("llama4.vision.image_size", 28, V.UINT32),
+        ("llama4.vision.patch_size", 14, V.UINT32),
+        ("llama4.vision.layer_norm_epsilon", 1e-5, V.FLOAT32),
+        ("llama4.vision.pixel_shuffle_ratio", 0.5, V.FLOAT32),
+        *tokenizer(16, model="gpt2"),
+    ]
+    renames = {
+        "v.position_embd.weight": "v.positional_embedding_vlm",
+        "v.patch_embd.weight": "v.patch_embedding.weight",
+        "v.class_embd": "v.class_embedding",
+        "v.pre_ln.weight": "v.layernorm_pre.weight",
+        "v.post_ln.weight": "v.layernorm_post.weight",
+        "v.blk.0.attn_q.weight": "v.blk.0.attn_q.weight",
+        "v.blk.0.attn_out.weight": "v.blk.0.attn_output.weight",
+        "v.blk.0.ln1.weight": "v.blk.0.attn_norm.weight",
+        "v.blk.0.ln2.weight": "v.blk.0.ffn_norm.weight",
+        "v.blk.0.ffn_up.weight": "v.blk.0.mlp.fc1.weight",
+        "v.blk.0.ffn_down.weight": "v.blk.0.mlp.fc2.weight",
+        "mm.model.mlp.1.weight": "v.vision_adapter.mlp.fc1.weight",
+        "mm.model.mlp.2.weight": "v.vision_adapter.mlp.fc2.weight",
+        "mm.model.fc.weight": "mm.linear_1.weight",
+    }
+    ts: list[Tensor] = [("token_embd.weight", (16, 64), "Q8_0")]
+    ts += [(old, f16(4, 16, seed=i)) for i, old in enumerate(renames.values())]
+    src = write_gguf(tmp_path / "llama4-vision.gguf", "llama4", kvs, ts)
+    reader, kv, source = mmproj_of(src, tmp_path)
+    assert kv["clip.projector_type"] == "llama4"
+    assert kv["clip.vision.projector_type"] == "llama4"
+    assert kv["clip.vision.block_count"] == 1 and kv["clip.vision.embedding_length"] == 16
+    assert kv["clip.vision.feed_forward_length"] == 32
+    assert kv["clip.vision.attention.head_count"] == 2
+    assert kv["clip.vision.image_size"] == 28 and kv["clip.vision.patch_size"] == 14
+    assert kv["clip.vision.attention.layer_norm_epsilon"] == pytest.approx(1e-5)
+    assert kv["clip.vision.projection_dim"] == 64
+    assert kv["clip.vision.projector.scale_factor"] == 2  # 1 / pixel_shuffle_ratio
+    assert kv["clip.has_vision_encoder"] is True and kv["clip.use_gelu"] is True
+    got = tensors(reader)
+    assert sorted(got) == sorted(renames)
+    check_renamed(got, source, renames)
+
+
+def gemma4_multimodal(tmp_path: Path) -> Path:
+    """gemma4 with its vision and audio encoders inline (Ollama's layout)."""
+    kvs: list[KV] = [
+        ("gemma4.block_count", 1, V.UINT32),
+        ("gemma4.embedding_length", 64, V.UINT32),
+        ("gemma4.vision.block_count", 1, V.UINT32),
+        ("gemma4.vision.embedding_length", 16, V.UINT32),
+        ("gemma4.vision.feed_forward_length", 32, V.UINT32),
+        ("gemma4.vision.attention.head_count", 2, V.UINT32),
+        ("gemma4.vision.attention.layer_norm_epsilon", 1e-6, V.FLOAT32),
+        ("gemma4.vision.patch_size", 16, V.UINT32),
+        ("gemma4.audio.block_count", 2, V.UINT32),
+        ("gemma4.audio.embedding_length", 24, V.UINT32),
+        ("gemma4.audio.feed_forward_length", 48, V.UINT32),
+        ("gemma4.audio.attention.head_count", 4, V.UINT32),
+        ("gemma4.audio.attention.layer_norm_epsilon", 1e-5, V.FLOAT32),
+        *tokenizer(16, model="llama"),
+    ]
+    ts: list[Tensor] = [
+        ("token_embd.weight", (16, 64), "Q8_0"),
+        ("v.patch_embd.weight", f16(16, 3, 4, 4, seed=1)),
+        ("v.blk.0.attn_q.weight", f16(16, 16, seed=2)),
+        ("v.blk.0.ln1.weight", f32(16, seed=3)),
+        ("mm.input_projection.weight", f16(64, 16, seed=4)),
+        ("a.pre_encode.out.weight", f16(24, 32, seed=5)),
+        ("mm.a.fc.weight", f16(24, 24, seed=6)),
+        ("mm.a.fc.bias", f32(24, seed=7)),
+        ("mm.a.input_projection.weight", f16(64, 24, seed=8)),
+        ("model.vision_tower.extra.weight", f32(4, seed=9)),
+    ]
+    for b in range(2):
+        for i, leaf in enumerate(("ln1", "ln2", "layer_pre_norm", "linear_pos", "attn_q")):
+            ts.append((f"a.blk.{b}.{leaf}.weight", f32(24, seed=10 + 10 * b + i)))
+    return write_gguf(tmp_path / "gemma4-mm.gguf", "gemma4", kvs, ts)
+
+
+def test_gemma4_mmproj_view(tmp_path: Path) -> None:
+    src = gemma4_multimodal(tmp_path)
+    views = views_of(src)
+    assert views.mmproj is not None and views.mmproj.handler == "handle_gemma4_clip"
+    reader, kv, source = mmproj_of(src, tmp_path)
+    assert kv["clip.vision.projector_type"] == "gemma4v"
+    assert kv["clip.audio.projector_type"] == "gemma4a"
+    assert "clip.projector_type" not in kv
+    assert kv["clip.vision.block_count"] == 1 and kv["clip.vision.embedding_length"] == 16
+    assert kv["clip.vision.feed_forward_length"] == 32
+    assert kv["clip.vision.attention.head_count"] == 2
+    assert kv["clip.vision.attention.layer_norm_epsilon"] == pytest.approx(1e-6)
+    assert kv["clip.vision.patch_size"] == 16
+    assert kv["clip.vision.image_size"] == 224
+    assert kv["clip.vision.projection_dim"] == 64
+    assert kv["clip.vision.image_mean"] == [0.0] * 3 and kv["clip.vision.image_std"] == [1.0] * 3
+    assert kv["clip.has_vision_encoder"] is True
+    assert kv["clip.audio.block_count"] == 2 and kv["clip.audio.embedding_length"] == 24
+    assert kv["clip.audio.feed_forward_length"] == 48
+    assert kv["clip.audio.attention.head_count"] == 4
+    assert kv["clip.audio.attention.layer_norm_epsilon"] == pytest.approx(1e-5)
+    assert kv["clip.audio.num_mel_bins"] == 128
+    assert kv["clip.audio.projection_dim"] == 64
+    assert kv["clip.has_audio_encoder"] is True
+    got = tensors(reader)
+    patch = got["v.patch_embd.weight"]
+    assert np.array_equal(as_f32(patch), np.asarray(source["v.patch_embd.weight"].data, np.float32))
+    renames = {
+        "v.blk.0.attn_q.weight": "v.blk.0.attn_q.weight",
+        "v.blk.0.ln1.weight": "v.blk.0.ln1.weight",  # vision blocks keep ln1/ln2
+        "mm.input_projection.weight": "mm.input_projection.weight",
+        "a.input_projection.weight": "a.pre_encode.out.weight",
+        "a.pre_encode.out.weight": "mm.a.fc.weight",
+        "a.pre_encode.out.bias": "mm.a.fc.bias",
+        "mm.a.input_projection.weight": "mm.a.input_projection.weight",
+    }
+    for b in range(2):
+        renames |= {
+            f"a.blk.{b}.attn_pre_norm.weight": f"a.blk.{b}.ln1.weight",
+            f"a.blk.{b}.attn_post_norm.weight": f"a.blk.{b}.ln2.weight",
+            f"a.blk.{b}.ln2.weight": f"a.blk.{b}.layer_pre_norm.weight",
+            f"a.blk.{b}.attn_k_rel.weight": f"a.blk.{b}.linear_pos.weight",
+            f"a.blk.{b}.attn_q.weight": f"a.blk.{b}.attn_q.weight",
+        }
+    check_renamed(got, source, renames)
+    assert sorted(got) == sorted([*renames, "v.patch_embd.weight"])  # no text, no extras
+
+
+# -- further text handlers ----------------------------------------------------------------
+
+
+def text_view(
+    tmp_path: Path, arch: str, kvs: Sequence[KV], ts: Sequence[Tensor]
+) -> tuple[CompatViews, dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(views, the model view's KVs, its tensors, the source's tensors)."""
+    src = write_gguf(tmp_path / f"{arch}.gguf", arch, kvs, ts)
+    views = views_of(src)
+    reader = gguf.GGUFReader(materialize(views.model, tmp_path))
+    check_aligned(reader)
+    return views, fields(reader), tensors(reader), tensors(gguf.GGUFReader(src))
+
+
+def test_embeddinggemma_view(tmp_path: Path) -> None:
+    kvs: list[KV] = [
+        ("gemma3.block_count", 1, V.UINT32),
+        ("gemma3.embedding_length", 32, V.UINT32),
+        ("gemma3.attention.layer_norm_rms_epsilon", 1e-6, V.FLOAT32),
+        ("gemma3.attention.causal", False, V.BOOL),
+        ("gemma3.attention.sliding_window_pattern", [True, False], V.ARRAY, V.BOOL),
+        *tokenizer(16),
+    ]
+    ts: list[Tensor] = [
+        ("token_embd.weight", (16, 32), "Q8_0"),
+        ("norm.weight", f32(32, seed=1)),
+        ("dense.0.weight", f32(96, 32, seed=2)),  # ggml [n_embd, 96]
+        ("dense.1.weight", f32(32, 96, seed=3)),  # ggml [96, n_embd]
+    ]
+    views, kv, got, source = text_view(tmp_path, "gemma3", kvs, ts)
+    assert views.model.handler == "handle_embeddinggemma"  # and not handle_gemma3 after it
+    assert views.mmproj is None
+    assert kv["general.architecture"] == "gemma-embedding"
+    assert kv["gemma-embedding.block_count"] == 1 and kv["gemma3.block_count"] == 1
+    assert kv["gemma-embedding.embedding_length"] == 32
+    assert "gemma-embedding.attention.causal" not in kv
+    assert "gemma-embedding.attention.sliding_window_pattern" not in kv
+    assert kv["gemma-embedding.rope.freq_base_swa"] == pytest.approx(10000.0)
+    assert kv["gemma-embedding.dense_2_feat_in"] == 32
+    assert kv["gemma-embedding.dense_2_feat_out"] == 96
+    assert kv["gemma-embedding.dense_3_feat_in"] == 96
+    assert kv["gemma-embedding.dense_3_feat_out"] == 32
+    assert "tokenizer.chat_template" not in kv  # gemma3's rule did not run
+    check_renamed(
+        got,
+        source,
+        {
+            "token_embd.weight": "token_embd.weight",
+            "output_norm.weight": "norm.weight",
+            "dense_2.weight": "dense.0.weight",
+            "dense_3.weight": "dense.1.weight",
+        },
+    )
+
+
+def test_gemma3n_view(tmp_path: Path) -> None:
+    words = ["<pad>", "<eos>", "<0x41>", "<unused0>", "hello", *[f"t{i}" for i in range(15)]]
+    kvs: list[KV] = [
+        ("gemma3n.block_count", 1, V.UINT32),
+        ("tokenizer.ggml.model", "gemma3n", V.STRING),
+        ("tokenizer.ggml.tokens", words, V.ARRAY, V.STRING),
+        ("tokenizer.ggml.scores", [float(-i) for i in range(20)], V.ARRAY, V.FLOAT32),
+        ("tokenizer.ggml.token_type", [3, 3, 1, 5, 1, *[1] * 15], V.ARRAY, V.INT32),
+        ("tokenizer.ggml.eos_token_ids", [1], V.ARRAY, V.INT32),
+    ]
+    ts: list[Tensor] = [
+        ("token_embd.weight", (20, 64), "Q8_0"),  # 4 multimodal rows past the text vocab
+        ("per_layer_token_embd.weight", (16, 32), "Q8_0"),
+        ("v.blk.0.attn_q.weight", f16(8, 8)),
+    ]
+    views, kv, got, source = text_view(tmp_path, "gemma3n", kvs, ts)
+    assert views.model.handler == "handle_gemma3n"
+    assert kv["tokenizer.ggml.model"] == "llama"
+    assert kv["tokenizer.ggml.tokens"] == words[:16]
+    assert kv["tokenizer.ggml.scores"] == [float(-i) for i in range(16)]
+    # <0xNN> tokens become BYTE (6), <unused*> NORMAL (1); the rest as they were.
+    assert kv["tokenizer.ggml.token_type"] == [3, 3, 6, 1, 1, *[1] * 11]
+    assert kv["tokenizer.ggml.eos_token_ids"] == [1, 106]
+    emb = got["token_embd.weight"]
+    assert list(emb.shape) == [64, 16]
+    assert raw(emb) == raw(source["token_embd.weight"])[: len(raw(emb))]  # first 16 rows
+    # Upstream hides nothing here: embedded encoder tensors stay visible.
+    assert "v.blk.0.attn_q.weight" in got
+
+
+def test_gemma3n_without_eos_ids_gets_the_defaults(tmp_path: Path) -> None:
+    kvs: list[KV] = [("gemma3n.block_count", 1, V.UINT32), *tokenizer(20)]
+    ts: list[Tensor] = [
+        ("token_embd.weight", (20, 32), "Q8_0"),
+        ("per_layer_token_embd.weight", (16, 32), "Q8_0"),
+    ]
+    _, kv, _, _ = text_view(tmp_path, "gemma3n", kvs, ts)
+    assert kv["tokenizer.ggml.eos_token_ids"] == [1, 106]
+
+
+def test_snowflake_arctic_embed2_view(tmp_path: Path) -> None:
+    import base64
+
+    charsmap = bytes(range(256)) * 20 + b"tail"  # 5124 bytes: more than a header keeps
+    encoded = base64.b64encode(charsmap).decode()
+    kvs: list[KV] = [
+        ("bert.block_count", 1, V.UINT32),
+        ("tokenizer.ggml.model", "t5", V.STRING),
+        ("tokenizer.ggml.precompiled_charsmap", list(encoded), V.ARRAY, V.STRING),
+    ]
+    views, kv, _, _ = text_view(tmp_path, "bert", kvs, [("token_embd.weight", f32(8, 32))])
+    assert views.model.handler == "handle_snowflake_arctic_embed2"
+    assert bytes(kv["tokenizer.ggml.precompiled_charsmap"]) == charsmap
+    reader = gguf.GGUFReader(tmp_path / "model-view.gguf")
+    assert field_type(reader, "tokenizer.ggml.precompiled_charsmap") == [V.ARRAY, V.UINT8]
+    # A bert whose charsmap is already bytes (llama.cpp's converter) needs no view.
+    kvs[2] = ("tokenizer.ggml.precompiled_charsmap", list(charsmap), V.ARRAY, V.UINT8)
+    ok = write_gguf(tmp_path / "b2.gguf", "bert", kvs, [("token_embd.weight", f32(8, 32))])
+    assert compat_views(ok, HEX) is None
+
+
+def test_qwen3next_view(tmp_path: Path) -> None:
+    kvs: list[KV] = [
+        ("qwen3next.block_count", 2, V.UINT32),
+        ("qwen3next.attention.head_count_kv", [0, 2], V.ARRAY, V.UINT32),
+    ]
+    ts: list[Tensor] = [("blk.0.ssm_dt", f32(4, seed=1)), ("blk.1.attn_q.weight", f32(8, 8))]
+    views, kv, got, source = text_view(tmp_path, "qwen3next", kvs, ts)
+    assert views.model.handler == "handle_qwen3next"
+    assert kv["qwen3next.attention.head_count_kv"] == 2
+    check_renamed(got, source, {"blk.0.ssm_dt.bias": "blk.0.ssm_dt"})
+
+
+def test_laguna_view(tmp_path: Path) -> None:
+    kvs: list[KV] = [
+        ("laguna.block_count", 2, V.UINT32),
+        ("laguna.rope.swa.dimension_count", 64, V.UINT32),
+        ("laguna.rope.swa.freq_base", 10000.0, V.FLOAT32),
+    ]
+    ts: list[Tensor] = [("blk.0.attn_g.weight", f32(8, 8)), ("blk.1.attn_g.weight", f32(8, 8))]
+    views, kv, got, source = text_view(tmp_path, "laguna", kvs, ts)
+    assert views.model.handler == "handle_laguna"
+    assert kv["laguna.rope.dimension_count_swa"] == 64
+    assert kv["laguna.rope.freq_base_swa"] == pytest.approx(10000.0)
+    check_renamed(
+        got,
+        source,
+        {f"blk.{b}.attn_gate.weight": f"blk.{b}.attn_g.weight" for b in range(2)},
+    )
+
+
+def test_lfm2_view(tmp_path: Path) -> None:
+    kvs: list[KV] = [
+        ("lfm2.block_count", 1, V.UINT32),
+        ("lfm2.feed_forward_length", 12288, V.UINT32),
+        *tokenizer(8, model="gpt2"),
+    ]
+    ts: list[Tensor] = [("output_norm.weight", f32(32)), ("blk.0.ffn_gate.weight", f32(48, 32))]
+    views, kv, got, source = text_view(tmp_path, "lfm2", kvs, ts)
+    assert views.model.handler == "handle_lfm2"
+    assert kv["tokenizer.ggml.pre"] == "lfm2"
+    assert kv["lfm2.feed_forward_length"] == 48  # from ffn_gate's shape
+    check_renamed(got, source, {"token_embd_norm.weight": "output_norm.weight"})
+
+
+def test_olmo3_view(tmp_path: Path) -> None:
+    kvs: list[KV] = [("olmo3.block_count", 1, V.UINT32), ("olmo3.context_length", 65536, V.UINT32)]
+    views, kv, _, _ = text_view(tmp_path, "olmo3", kvs, [("token_embd.weight", f32(8, 32))])
+    assert views.model.handler == "handle_olmo3"
+    assert kv["general.architecture"] == "olmo2"
+    assert kv["olmo2.block_count"] == 1 and kv["olmo2.context_length"] == 65536
+
+
+def test_qwen25vl_view(tmp_path: Path) -> None:
+    kvs: list[KV] = [
+        ("qwen25vl.block_count", 1, V.UINT32),
+        ("qwen25vl.rope.mrope_section", [16, 24, 24], V.ARRAY, V.INT32),
+    ]
+    ts: list[Tensor] = [("token_embd.weight", f32(8, 32)), ("v.blk.0.attn_q.weight", f16(8, 8))]
+    views, kv, got, _ = text_view(tmp_path, "qwen25vl", kvs, ts)
+    assert views.model.handler == "handle_qwen25vl"
+    assert views.mmproj is None  # handle_qwen25vl_clip is not ported
+    assert kv["general.architecture"] == "qwen2vl"
+    assert kv["qwen2vl.block_count"] == 1
+    assert kv["qwen2vl.rope.dimension_sections"] == [16, 24, 24, 0]
+    assert list(got) == ["token_embd.weight"]
+
+
+@pytest.mark.parametrize("arch", ["qwen3vl", "qwen3vlmoe"])
+def test_qwen3vl_view(tmp_path: Path, arch: str) -> None:
+    kvs: list[KV] = [
+        (f"{arch}.block_count", 1, V.UINT32),
+        (f"{arch}.vision.deepstack_visual_indexes", [5, 11, 17], V.ARRAY, V.UINT32),
+    ]
+    ts: list[Tensor] = [("token_embd.weight", f32(8, 32)), ("mm.0.weight", f16(8, 8))]
+    views, kv, got, _ = text_view(tmp_path, arch, kvs, ts)
+    assert views.model.handler == "handle_qwen3vl"
+    assert kv[f"{arch}.rope.dimension_sections"] == [24, 20, 20, 0]
+    assert kv[f"{arch}.n_deepstack_layers"] == 3
+    assert list(got) == ["token_embd.weight"]
+    # With the sections present (llama.cpp's converter) no view is needed.
+    kvs.append((f"{arch}.rope.dimension_sections", [24, 20, 20, 0], V.ARRAY, V.INT32))
+    ok = write_gguf(tmp_path / "ok.gguf", arch, kvs, ts[:1])
+    assert compat_views(ok, HEX) is None
+
+
+def test_glm4moelite_view(tmp_path: Path) -> None:
+    kvs: list[KV] = [
+        ("glm4moelite.block_count", 1, V.UINT32),
+        ("glm4moelite.attention.head_count_kv", 20, V.UINT32),
+        ("glm4moelite.attention.key_length", 256, V.UINT32),
+        ("glm4moelite.attention.value_length", 256, V.UINT32),
+        ("glm4moelite.attention.kv_lora_rank", 512, V.UINT32),
+        ("glm4moelite.rope.dimension_count", 64, V.UINT32),
+        *tokenizer(8, model="gpt2"),
+        ("tokenizer.ggml.eos_token_ids", [3, 5, 7], V.ARRAY, V.INT32),
+    ]
+    views, kv, _, _ = text_view(tmp_path, "glm4moelite", kvs, [("token_embd.weight", f32(8, 32))])
+    assert views.model.handler == "handle_glm4moelite"
+    assert kv["general.architecture"] == "deepseek2"
+    assert kv["deepseek2.attention.head_count_kv"] == 1
+    assert kv["deepseek2.attention.key_length"] == 576  # kv_lora_rank + rope dims
+    assert kv["deepseek2.attention.value_length"] == 512
+    assert kv["deepseek2.attention.key_length_mla"] == 256
+    assert kv["deepseek2.attention.value_length_mla"] == 256
+    assert kv["deepseek2.expert_group_count"] == 1
+    assert kv["deepseek2.expert_group_used_count"] == 1
+    assert kv["tokenizer.ggml.pre"] == "glm4"
+    assert kv["tokenizer.ggml.eot_token_id"] == 5 and kv["tokenizer.ggml.eom_token_id"] == 7
+
+
+def test_deepseekocr_view(tmp_path: Path) -> None:
+    kvs: list[KV] = [("deepseekocr.block_count", 2, V.UINT32)]
+    ts: list[Tensor] = [
+        ("blk.0.ffn_down.weight", f32(32, 64)),
+        ("blk.1.ffn_down_exps.weight", f32(4, 32, 16)),  # ggml [n_ff_exp=16, n_embd, 4]
+        ("blk.1.ffn_down_shexp.weight", f32(32, 32)),  # ggml [2 * 16, n_embd]
+        ("s.blk.0.attn.qkv.weight", f16(8, 8)),
+        ("v.blk.0.attn_q.weight", f16(8, 8)),
+        ("mm.layers.weight", f16(8, 8)),
+    ]
+    views, kv, got, _ = text_view(tmp_path, "deepseekocr", kvs, ts)
+    assert kv["general.architecture"] == "deepseek2-ocr"
+    assert kv["deepseek2-ocr.block_count"] == 2
+    assert kv["deepseek2-ocr.attention.layer_norm_rms_epsilon"] == pytest.approx(1e-6)
+    assert kv["deepseek2-ocr.expert_feed_forward_length"] == 16
+    assert kv["deepseek2-ocr.expert_shared_count"] == 2
+    assert list(got) == [t[0] for t in ts[:3]]
+    assert views.mmproj is None  # handle_deepseekocr_clip is not ported
+
+
+def test_nemotron_h_omni_and_moe_views(tmp_path: Path) -> None:
+    kvs: list[KV] = [
+        ("nemotron_h_omni.block_count", 2, V.UINT32),
+        ("nemotron_h_omni.expert_count", 8, V.UINT32),
+        ("nemotron_h_omni.vision.block_count", 4, V.UINT32),
+        ("nemotron_h_omni.audio.block_count", 4, V.UINT32),
+    ]
+    ts: list[Tensor] = [
+        ("blk.1.ffn_latent_in.weight", f32(24, 64)),  # ggml [n_embd, latent=24]
+        ("blk.1.ffn_latent_out.weight", f32(64, 24)),
+        ("mtp.layers.0.mixer.experts.0.up_proj.weight", f32(8, 8)),
+        ("v.blk.0.attn_q.weight", f16(8, 8)),
+        ("a.blk.0.attn_q.weight", f16(8, 8)),
+        ("mm.0.weight", f16(8, 8)),
+    ]
+    views, kv, got, source = text_view(tmp_path, "nemotron_h_omni", kvs, ts)
+    assert views.model.handler.startswith("handle_nemotron_h_omni, handle_nemotron_h_moe")
+    assert kv["general.architecture"] == "nemotron_h_moe"
+    assert kv["nemotron_h_moe.block_count"] == 2 and kv["nemotron_h_moe.expert_count"] == 8
+    assert "nemotron_h_moe.vision.block_count" not in kv
+    assert "nemotron_h_moe.audio.block_count" not in kv
+    assert kv["nemotron_h_moe.moe_latent_size"] == 24
+    check_renamed(
+        got,
+        source,
+        {
+            "blk.1.ffn_latent_down.weight": "blk.1.ffn_latent_in.weight",
+            "blk.1.ffn_latent_up.weight": "blk.1.ffn_latent_out.weight",
+        },
+    )
+    assert len(got) == 2  # MTP, vision, audio and projector hidden
+    # Without experts the text side is nemotron_h.
+    kvs[1] = ("nemotron_h_omni.expert_count", 0, V.UINT32)
+    _, kv, _, _ = text_view(tmp_path, "nemotron_h_omni", kvs, ts[3:])
+    assert kv["general.architecture"] == "nemotron_h" and kv["nemotron_h.block_count"] == 2
+
+
+def llama3_tokens() -> list[str]:
+    """A Llama 3 sized vocabulary: the specials where Llama 3 has them."""
+    words = [f"w{i}" for i in range(128256)]
+    words[128000], words[128001] = "<|begin_of_text|>", "<|end_of_text|>"
+    words[128006], words[128007] = "<|start_header_id|>", "<|end_header_id|>"
+    words[128009] = "<|eot_id|>"
+    return words
+
+
+def test_llama3_metadata_view(tmp_path: Path) -> None:
+    kvs: list[KV] = [
+        ("llama.block_count", 1, V.UINT32),
+        ("tokenizer.ggml.model", "gpt2", V.STRING),
+        ("tokenizer.ggml.tokens", llama3_tokens(), V.ARRAY, V.STRING),
+        ("tokenizer.ggml.eos_token_id", 128001, V.UINT32),
+    ]
+    src = write_gguf(tmp_path / "llama3.gguf", "llama", kvs, [("token_embd.weight", f32(8, 32))])
+    views = views_of(src)
+    assert views.model.handler == "handle_llama3_metadata"
+    # Read back with our own header reader: gguf.GGUFReader takes seconds over 128k tokens.
+    view = read_gguf_header_path(materialize(views.model, tmp_path))
+    kv = view.kv
+    assert kv["tokenizer.ggml.pre"] == "llama-bpe"
+    assert kv["tokenizer.ggml.eos_token_id"] == 128009
+    assert kv["tokenizer.ggml.eot_token_id"] == 128009
+    assert kv["tokenizer.ggml.eos_token_ids"] == [128009]
+    assert view.spans["tokenizer.ggml.eos_token_ids"].item_type == V.INT32
+    # The vocabulary is served from the source as it was.
+    assert kv["tokenizer.ggml.tokens"].length == 128256
+    with open(tmp_path / "model-view.gguf", "rb") as f:
+        assert read_array(f, view.spans["tokenizer.ggml.tokens"], 128006, 4) == [
+            "<|start_header_id|>",
+            "<|end_header_id|>",
+            "w128008",
+            "<|eot_id|>",
+        ]
+    # A Llama 3 file with the right metadata is left alone.
+    kvs[3] = ("tokenizer.ggml.eos_token_id", 128009, V.UINT32)
+    kvs.append(("tokenizer.ggml.pre", "llama-bpe", V.STRING))
+    ok = write_gguf(tmp_path / "ok.gguf", "llama", kvs, [("token_embd.weight", f32(8, 32))])
+    assert compat_views(ok, HEX) is None
+
+
+def test_plain_llama_files_are_not_parsed_for_a_view(tmp_path: Path) -> None:
+    """A llama GGUF whose vocabulary is too small to be Llama 3's is told from its first
+    bytes (no full header read at mount time); a Llama 3 sized one is looked at."""
+    from store.compat import may_need_view, peek_token_count
+
+    kvs: list[KV] = [
+        ("llama.block_count", 1, V.UINT32),
+        ("llama.rope.freq_factors", [1.0, 2.0], V.ARRAY, V.FLOAT32),
+        *tokenizer(32000),
+    ]
+    small = write_gguf(tmp_path / "l2.gguf", "llama", kvs, [("token_embd.weight", f32(8, 32))])
+    with open(small, "rb") as f:
+        assert peek_token_count(f) == 32000
+    assert not may_need_view(small)
+    kvs[2:] = [("tokenizer.ggml.tokens", llama3_tokens(), V.ARRAY, V.STRING)]
+    big = write_gguf(tmp_path / "l3.gguf", "llama", kvs, [("token_embd.weight", f32(8, 32))])
+    assert may_need_view(big)
+
+
+def test_glmocr_view(tmp_path: Path) -> None:
+    kvs: list[KV] = [
+        ("glmocr.block_count", 1, V.UINT32),
+        ("glmocr.attention.key_length", 128, V.UINT32),
+        ("glmocr.rope.mrope_section", [8, 12, 12], V.ARRAY, V.INT32),
+        *tokenizer(8, model="gpt2"),
+        ("tokenizer.ggml.pre", "llama-bpe", V.STRING),
+    ]
+    ts: list[Tensor] = [
+        ("blk.0.attn_out.weight", f32(32, 32, seed=1)),
+        ("blk.0.post_attn_norm.weight", f32(32, seed=2)),
+        ("blk.0.post_ffn_norm.weight", f32(32, seed=3)),
+        ("blk.0.ffn_gate.weight", (48, 32), "Q8_0"),
+        ("blk.0.ffn_up.weight", (48, 32), "Q8_0"),
+        ("v.blk.0.attn_qkv.weight", f16(8, 8)),
+    ]
+    views, kv, got, source = text_view(tmp_path, "glmocr", kvs, ts)
+    assert views.model.handler == "handle_glmocr"
+    assert kv["general.architecture"] == "glm4" and kv["glm4.block_count"] == 1
+    assert kv["glm4.rope.dimension_sections"] == [8, 12, 12, 0]
+    assert kv["glm4.rope.dimension_count"] == 128
+    assert kv["tokenizer.ggml.pre"] == "chatglm-bpe"
+    check_renamed(
+        got,
+        source,
+        {
+            "blk.0.attn_output.weight": "blk.0.attn_out.weight",
+            "blk.0.post_attention_norm.weight": "blk.0.post_attn_norm.weight",
+            "blk.0.post_ffw_norm.weight": "blk.0.post_ffn_norm.weight",
+        },
+    )
+    # GLM4's fused FFN: ffn_up = [gate | up], twice as wide; the gate itself hidden.
+    up = got["blk.0.ffn_up.weight"]
+    assert list(up.shape) == [32, 96] and up.tensor_type == gguf.GGMLQuantizationType.Q8_0
+    assert raw(up) == raw(source["blk.0.ffn_gate.weight"]) + raw(source["blk.0.ffn_up.weight"])
+    assert "blk.0.ffn_gate.weight" not in got and not any(n.startswith("v.") for n in got)
+    assert not views.model.computed
+
+
+@pytest.mark.slow
+def test_llama_cpp_reads_the_qwen25vl_view_it_refuses_raw(tmp_path: Path) -> None:
+    """llama.cpp knows no architecture "qwen25vl"; the view's qwen2vl hyperparameters (M-RoPE
+    sections padded to four) and vocabulary load (vocab-only)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from modelfs.demo import _bpe_vocab
+
+    vocab = _bpe_vocab(("<|endoftext|>", "<|im_start|>", "<|im_end|>"))
+    hparams = {
+        "context_length": 4096,
+        "embedding_length": 64,
+        "block_count": 1,
+        "feed_forward_length": 128,
+        "attention.head_count": 2,
+        "attention.head_count_kv": 1,
+    }
+    kvs: list[KV] = [(f"qwen25vl.{k}", v, V.UINT32) for k, v in hparams.items()]
+    kvs += [
+        ("qwen25vl.attention.layer_norm_rms_epsilon", 1e-6, V.FLOAT32),
+        ("qwen25vl.rope.freq_base", 1e6, V.FLOAT32),
+        ("qwen25vl.rope.mrope_section", [4, 6, 6], V.ARRAY, V.INT32),
+        ("tokenizer.ggml.model", "gpt2", V.STRING),
+        ("tokenizer.ggml.pre", "qwen2", V.STRING),
+        ("tokenizer.ggml.tokens", list(vocab.tokens), V.ARRAY, V.STRING),
+        ("tokenizer.ggml.token_type", list(vocab.types), V.ARRAY, V.INT32),
+        ("tokenizer.ggml.merges", list(vocab.merges), V.ARRAY, V.STRING),
+        ("tokenizer.ggml.eos_token_id", vocab.specials["<|im_end|>"], V.UINT32),
+    ]
+    ts: list[Tensor] = [
+        ("token_embd.weight", f32(len(vocab.tokens), 64)),
+        ("v.blk.0.attn_q.weight", f16(32, 32)),
+        ("v.merger.mlp.0.weight", f16(64, 32)),
+    ]
+    src = write_gguf(tmp_path / "qwen25vl.gguf", "qwen25vl", kvs, ts)
+    with pytest.raises(ValueError):
+        llama_cpp.Llama(model_path=str(src), vocab_only=True, verbose=False)
+    view = materialize(views_of(src).model, tmp_path)
+    llm = llama_cpp.Llama(model_path=str(view), vocab_only=True, verbose=False)
+    assert llm.n_vocab() == len(vocab.tokens)
+    assert llm.token_eos() == vocab.specials["<|im_end|>"]
+    tokens = llm.tokenize(b" hello world", add_bos=False)
     assert llm.detokenize(tokens) == b" hello world"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -22,7 +23,7 @@ from store.compat.compute import ComputeCache
 from store.compat.draft import Draft
 from store.compat.handlers import NOT_PORTED, TEXT_ARCHES, translate_clip, translate_text
 from store.compat.view import GGUFView, build_view
-from store.gguf import MAGIC, T_STRING, GGUFHeader, read_gguf_header
+from store.gguf import FIXED_SIZES, MAGIC, T_ARRAY, T_STRING, GGUFHeader, read_gguf_header
 
 __all__ = [
     "COMPATIBLE_RUNNERS",
@@ -52,41 +53,86 @@ class CompatViews:
 NOT_GGUF = ""
 
 
-def peek_architecture(f: BinaryIO, limit: int = 1 << 16) -> str | None:
-    """`general.architecture` when it is among the first KVs (converters write it first),
-    from the first `limit` bytes: NOT_GGUF for a file that is no GGUF, None when it cannot
-    be told from there. Cheap: one small read."""
-    head = f.read(limit)
-    if len(head) < 24 or head[:4] != MAGIC:
-        return NOT_GGUF
+def _walk_kvs(head: bytes, limit: int) -> Iterator[tuple[bytes, int, int]]:
+    """(key, value type, offset of the value) of the first KVs in `head`, at most `limit`;
+    stops where a value cannot be skipped from these bytes (the caller sees the KV first,
+    and a string array ends the walk)."""
     pos = 24
-    for _ in range(min(struct.unpack_from("<Q", head, 16)[0], 8)):
-        if pos + 8 > len(head):
-            return None
+    for _ in range(min(struct.unpack_from("<Q", head, 16)[0], limit)):
+        if pos + 12 > len(head):
+            return
         (n,) = struct.unpack_from("<Q", head, pos)
         key = head[pos + 8 : pos + 8 + n]
         pos += 8 + n
         if pos + 4 > len(head):
-            return None
+            return
         (vtype,) = struct.unpack_from("<I", head, pos)
         pos += 4
+        yield key, vtype, pos
+        if vtype == T_STRING and pos + 8 <= len(head):
+            pos += 8 + struct.unpack_from("<Q", head, pos)[0]
+        elif vtype == T_ARRAY and pos + 12 <= len(head):
+            item_type, count = struct.unpack_from("<IQ", head, pos)
+            if item_type not in FIXED_SIZES:
+                return  # a string array cannot be skipped cheaply
+            pos += 12 + count * FIXED_SIZES[item_type]
+        elif vtype in FIXED_SIZES:
+            pos += FIXED_SIZES[vtype]
+        else:
+            return
+
+
+def _head(f: BinaryIO, limit: int) -> bytes | None:
+    f.seek(0)
+    head = f.read(limit)
+    return head if len(head) >= 24 and head[:4] == MAGIC else None
+
+
+def peek_architecture(f: BinaryIO, limit: int = 1 << 16) -> str | None:
+    """`general.architecture` when it is among the first KVs (converters write it first),
+    from the first `limit` bytes: NOT_GGUF for a file that is no GGUF, None when it cannot
+    be told from there. Cheap: one small read."""
+    head = _head(f, limit)
+    if head is None:
+        return NOT_GGUF
+    for key, vtype, pos in _walk_kvs(head, 8):
         if vtype != T_STRING:
             return None  # only walk past strings; anything else: read the whole header
-        if pos + 8 > len(head):
-            return None
-        (m,) = struct.unpack_from("<Q", head, pos)
-        value = head[pos + 8 : pos + 8 + m]
-        pos += 8 + m
         if key == b"general.architecture":
+            if pos + 8 > len(head):
+                return None
+            (m,) = struct.unpack_from("<Q", head, pos)
+            value = head[pos + 8 : pos + 8 + m]
             return value.decode("utf-8", "replace") if len(value) == m else None
     return None
 
 
+def peek_token_count(f: BinaryIO, limit: int = 1 << 16) -> int | None:
+    """The length of tokenizer.ggml.tokens when its array header is within the first
+    `limit` bytes and only scalars, strings and arrays of fixed-size items come before it
+    (converters write the vocabulary early), else None."""
+    head = _head(f, limit)
+    if head is None:
+        return None
+    for key, vtype, pos in _walk_kvs(head, 1 << 20):
+        if key == b"tokenizer.ggml.tokens" and vtype == T_ARRAY and pos + 12 <= len(head):
+            return struct.unpack_from("<Q", head, pos + 4)[0]
+    return None
+
+
+# The smallest vocabulary a Llama 3 metadata gap can be found in (<|eot_id|> is 128009).
+_LLAMA3_MIN_VOCAB = 128010
+
+
 def may_need_view(path: Path) -> bool:
-    """False when the blob's architecture has no rule, read from its first bytes."""
+    """False when the blob's architecture has no rule, read from its first bytes (and, for
+    the many plain llama files, a vocabulary too small to be Llama 3's)."""
     try:
         with open(path, "rb") as f:
             arch = peek_architecture(f)
+            if arch == "llama":
+                count = peek_token_count(f)
+                return count is None or count >= _LLAMA3_MIN_VOCAB
     except OSError:
         return False
     return arch is None or arch in TEXT_ARCHES  # NOT_GGUF is in no rule
@@ -103,12 +149,12 @@ def compat_views(
             header = read_gguf_header(f, str(path), size)
         if header.architecture not in TEXT_ARCHES:
             return None
-        text = Draft.of(header)
+        text = Draft.of(header, f)
         if not translate_text(text):
             return None
         model = build_view(text, f, path, source_hex, "model")
         mmproj = None
-        clip = Draft.of(header)
+        clip = Draft.of(header, f)
         rule = translate_clip(clip)
         if rule is not None:
             for key in [k for k in clip.kv if k.startswith(_CLIP_DROP_KV)]:

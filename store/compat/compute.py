@@ -59,10 +59,32 @@ def _add_one_f32(read: ReadAt, c: Compute) -> bytes:
     return values.tobytes()  # type: ignore[attr-defined]
 
 
+def _patch_embed_slice(read: ReadAt, c: Compute) -> bytes:
+    """register_qwen35moe_patch_embed_split / register_qwen3vl_patch_embed_split: one
+    temporal slice of an F16 [w, h, frames, c_out*c_in] patch embedding as F32
+    [w, h, c_in, c_out]. Source plane (slice, packed) lands at plane packed = c_out*c_in +
+    c_in, which is the destination's plane order too, so it is a strided pick."""
+    import numpy as np
+
+    ((offset, length),) = c.sources
+    slice_idx, plane, frames, packed = c.params
+    src = np.frombuffer(read(offset, length), dtype="<f2").reshape(packed, frames, plane)
+    return src[:, slice_idx, :].astype("<f4").tobytes()
+
+
+def _zeros(read: ReadAt, c: Compute) -> bytes:
+    """The zero-fill load op (mistral3's img_break)."""
+    return bytes(c.nbytes)
+
+
 OPS: dict[str, Callable[[ReadAt, Compute], bytes]] = {
     "f16_to_f32": _f16_to_f32,
     "add_one_f32": _add_one_f32,
+    "patch_embed_slice": _patch_embed_slice,
+    "zeros": _zeros,
 }
+# Ops made as literal header-side bytes by build_view, never cached (nothing to read).
+LITERAL_OPS = frozenset({"zeros"})
 
 
 def cache_name(tensor: str, c: Compute) -> str:

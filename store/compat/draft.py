@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, BinaryIO
 
 from store.gguf import (
     GGML_TYPES,
@@ -27,6 +27,7 @@ from store.gguf import (
     GGUFHeader,
     GGUFTensor,
     KVSpan,
+    read_array,
     tensor_nbytes,
 )
 
@@ -99,9 +100,10 @@ class Draft:
     hidden: list[str] = field(default_factory=list)  # tensor-name prefixes the loader skips
     notes: list[str] = field(default_factory=list)
     handler: str = ""
+    file: BinaryIO | None = None  # the source, for arrays too long to be in `header`
 
     @classmethod
-    def of(cls, header: GGUFHeader) -> Draft:
+    def of(cls, header: GGUFHeader, file: BinaryIO | None = None) -> Draft:
         kv: dict[str, KVItem] = {}
         for key, value in header.kv.items():
             span = header.spans[key]
@@ -110,7 +112,7 @@ class Draft:
             t.name: TensorItem(t.name, t.shape, t.ggml_type, ((t.offset, t.nbytes),), t)
             for t in header.tensors
         }
-        return cls(header, header.architecture, kv, tensors)
+        return cls(header, header.architecture, kv, tensors, file=file)
 
     # -- KV reads --------------------------------------------------------------------------
     def has_key(self, key: str) -> bool:  # has_key
@@ -128,6 +130,30 @@ class Draft:
         """An unsigned 32-bit value; upstream's gguf_get_val_u32 asserts the type."""
         item = self.kv.get(key)
         return item.value if item is not None and item.vtype == T_UINT32 else None
+
+    def array_items(self, key: str) -> list[Any] | None:
+        """An array's items, read from the source when the header kept only its length."""
+        item = self.kv.get(key)
+        if item is None or item.vtype != T_ARRAY:
+            return None
+        if not isinstance(item.value, ArraySummary):
+            return list(item.value)
+        if item.span is None or self.file is None:
+            return None
+        return read_array(self.file, item.span, 0, item.keep)
+
+    def token_at(self, index: int) -> str | None:
+        """tokenizer.ggml.tokens[index] (the read behind token_at_equals), or None."""
+        item = self.kv.get("tokenizer.ggml.tokens")
+        if item is None or item.vtype != T_ARRAY or item.item_type != T_STRING:
+            return None
+        if not isinstance(item.value, ArraySummary):
+            return item.value[index] if 0 <= index < len(item.value) else None
+        limit = item.value.length
+        if item.span is None or self.file is None or not 0 <= index < limit:
+            return None
+        (token,) = read_array(self.file, item.span, index, 1)
+        return token
 
     def string_equals(self, key: str, want: str) -> bool:  # string_kv_equals
         return self.str_value(key) == want
@@ -236,6 +262,46 @@ class Draft:
         renames = [(n, n.replace(needle, replacement, 1)) for n in self.tensors if needle in n]
         for old, new in renames:
             self.rename_tensor(old, new)
+
+    def set_shape(self, name: str, shape: tuple[int, ...], ggml_type: int | None = None) -> None:
+        """set_tensor_shape / set_tensor_type: the tensor's ggml shape (and type) changed;
+        its data must be set to match (check_tensor tells when it does not)."""
+        t = self.tensors[name]
+        t.shape = tuple(shape)
+        if ggml_type is not None:
+            t.ggml_type = ggml_type
+
+    def reclaim(
+        self, orphan: str, new: str, shape: tuple[int, ...], ggml_type: int, data: TensorData
+    ) -> None:
+        """reclaim_slot_as: a synthesized tensor takes an orphaned tensor's place (upstream's
+        clip context has no spare slot). Without the orphan the tensor is appended: a view
+        has no slot limit."""
+        if orphan in self.tensors and new not in self.tensors:
+            self.rename_tensor(orphan, new)
+            t = self.tensors[new]
+            t.shape, t.ggml_type, t.data = tuple(shape), ggml_type, data
+            return
+        source = next(iter(self.tensors.values())).source
+        self.tensors[new] = TensorItem(new, tuple(shape), ggml_type, data, source)
+
+    def drop_tensor(self, name: str) -> None:
+        """A tensor whose bytes now live in another (a merged QKV's k and v): left out of the
+        view. Upstream leaves it in the clip context, where nothing reads it."""
+        self.tensors.pop(name, None)
+
+    def permute_rows(self, name: str, order: list[int]) -> bool:
+        """Row `i` of the result is row `order[i]` of the source (whole rows, served as
+        ranges of the source: nothing computed)."""
+        t = self.tensors.get(name)
+        if t is None or isinstance(t.data, Compute) or len(t.data) != 1 or not order:
+            return False
+        ((offset, length),) = t.data
+        if length % len(order):
+            return False
+        row = length // len(order)
+        t.data = tuple((offset + src * row, row) for src in order)
+        return True
 
     def add_skip_prefix(self, prefix: str) -> None:  # add_skip_prefix
         self.hidden.append(prefix)

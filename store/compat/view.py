@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from store.compat.compute import ComputeCache, cache_name
+from store.compat.compute import LITERAL_OPS, OPS, ComputeCache, cache_name
 from store.compat.draft import Compute, Draft, check_tensor
 from store.gguf import (
     DEFAULT_ALIGNMENT,
@@ -123,6 +123,10 @@ class GGUFView:
         return [p.start for p in self.pieces]
 
 
+def _no_read(offset: int, length: int) -> bytes:
+    raise AssertionError("a literal op reads no source")
+
+
 class _Builder:
     def __init__(self) -> None:
         self.pieces: list[Piece] = []
@@ -212,7 +216,9 @@ def build_view(
     for t, rel in zip(visible, offsets, strict=True):
         b.add_bytes(b"\0" * (data_offset + rel - b.pos))
         tensors.append(ViewTensor(t.name, t.shape, t.ggml_type, b.pos, t.nbytes, t.computed))
-        if isinstance(t.data, Compute):
+        if isinstance(t.data, Compute) and t.data.op in LITERAL_OPS:
+            b.add_bytes(OPS[t.data.op](_no_read, t.data))
+        elif isinstance(t.data, Compute):
             b.add_compute(t.data, cache_name(t.name, t.data))
         else:
             for offset, length in t.data:
