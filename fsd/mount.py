@@ -4,6 +4,7 @@ in step with the store while mounted."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -14,6 +15,7 @@ from pathlib import Path
 import pyfuse3
 import trio
 
+from fsd import loop
 from fsd.ops import ModelOperations
 from fsd.tree import DirNode, InodeTable, NameTree, TreeBuilder
 from runtime.leasing import leased
@@ -34,16 +36,25 @@ class MountError(Exception):
 
 
 def changed_entries(old: NameTree, new: NameTree) -> Iterable[tuple[int, str]]:
-    """(parent inode, name) of every entry that vanished or now points elsewhere."""
-    for inode, node in old.nodes.items():
-        if not isinstance(node, DirNode):
+    """(parent inode, name) of every entry of `old` that vanished or points elsewhere in `new`.
+
+    Only directories filled in `old` are walked: the kernel cannot have entries of a lazy
+    directory nobody looked into. Their counterparts in `new` are filled to compare, so this
+    belongs in the thread that built `new`, before it is served.
+    """
+    stack: list[tuple[DirNode, DirNode | None]] = [(old.root, new.root)]
+    while stack:
+        node, fresh = stack.pop()
+        if not node.loaded:
             continue
-        fresh = new.nodes.get(inode)
-        fresh_children = fresh.children if isinstance(fresh, DirNode) else {}
-        for name, child in node.children.items():
+        fresh_children = fresh.children if fresh is not None else {}
+        # A snapshot: the request loop may be filling directories of `old` meanwhile.
+        for name, child in list(node._children.items()):
             other = fresh_children.get(name)
             if other is None or other.inode != child.inode:
-                yield inode, name
+                yield node.inode, name
+            if isinstance(child, DirNode):
+                stack.append((child, other if isinstance(other, DirNode) else None))
 
 
 def _bdi_of(mountpoint: Path) -> str | None:
@@ -99,12 +110,24 @@ class Mount:
 
     def _scan(self) -> NameTree:
         signature = store_signature(self.layout)
-        index = scan_store(self.layout)
-        self._signature = signature
-        self.models = len(index)
-        for problem in index.problems:
-            log.debug("problem: %s", problem)
-        return self.builder.build(index)
+        # A scan and a build make a few hundred thousand objects that all live on; the cyclic
+        # collector would walk them again and again meanwhile, for nothing. Afterwards they are
+        # frozen out of its reach: a tree holds no reference cycles, so when a newer tree
+        # replaces it, reference counting frees it all the same.
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            index = scan_store(self.layout)
+            self._signature = signature
+            self.models = len(index)
+            for problem in index.problems:
+                log.debug("problem: %s", problem)
+            tree = self.builder.build(index)
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+        gc.freeze()
+        return tree
 
     def run(self) -> None:
         if not self.mountpoint.is_dir():
@@ -155,6 +178,8 @@ class Mount:
                 self.models,
             )
             sd_notify(f"READY=1\nSTATUS=serving {self.layout.root} at {self.mountpoint}")
+            if os.environ.get("MODELFS_FUSE_LOOP", "fast") != "trio":  # for comparisons
+                loop.install()
             await pyfuse3.main()
             nursery.cancel_scope.cancel()
 
@@ -185,18 +210,21 @@ class Mount:
                 continue
             old = self.ops.tree
             try:
-                tree = await trio.to_thread.run_sync(self._scan)
+                tree, stale = await trio.to_thread.run_sync(self._rescan, old)
             except Exception:
                 # The view must survive any store state; keep serving the last good tree.
                 log.exception("rescan failed; keeping the previous view")
                 self._signature = signature
                 continue
             self.ops.swap(tree)
-            stale = list(changed_entries(old, tree))
             for parent, name in stale:
                 with contextlib.suppress(OSError):
                     pyfuse3.invalidate_entry_async(parent, os.fsencode(name), ignore_enoent=True)
             log.info("store changed: view rebuilt (%d entries invalidated)", len(stale))
+
+    def _rescan(self, old: NameTree) -> tuple[NameTree, list[tuple[int, str]]]:
+        tree = self._scan()
+        return tree, list(changed_entries(old, tree))
 
 
 def unmount(mountpoint: Path) -> None:

@@ -20,6 +20,7 @@ from typing import ParamSpec, TypeVar
 import pyfuse3
 import trio
 
+from fsd.loop import handing_off
 from fsd.tree import (
     BlobNode,
     BytesNode,
@@ -75,7 +76,7 @@ def _guarded(handler: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
     @functools.wraps(handler)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
         try:
-            return await handler(*args, **kwargs)
+            return await handing_off(handler(*args, **kwargs))
         except pyfuse3.FUSEError:
             raise
         except OSError as exc:
@@ -128,6 +129,7 @@ class ModelOperations(pyfuse3.Operations):
         super().__init__()
         self.tree = tree
         self.nodes: dict[int, Node] = dict(tree.nodes)
+        tree.attach(self)  # what its lazy directories make shows up in self.nodes
         self.uid = uid
         self.gid = gid
         self.statfs_path = statfs_path
@@ -140,8 +142,10 @@ class ModelOperations(pyfuse3.Operations):
     def swap(self, tree: NameTree) -> None:
         # Old inodes stay resolvable: the kernel may still hold them (open files, cached
         # dentries), and their content is unchanged by definition.
+        self.tree.retire()
         self.tree = tree
         self.nodes.update(tree.nodes)
+        tree.attach(self)
 
     # -- attributes ----------------------------------------------------------------------
     def _node(self, inode: int) -> Node:
@@ -157,11 +161,8 @@ class ModelOperations(pyfuse3.Operations):
         a.entry_timeout = timeout
         a.attr_timeout = ATTR_TIMEOUT
         a.st_mode = node.mode
-        a.st_nlink = (
-            2 + sum(isinstance(c, DirNode) for c in node.children.values())
-            if isinstance(node, DirNode)
-            else max(node.links, 1)
-        )
+        # A lazy directory knows its link count unfilled; listing its parent must not fill it.
+        a.st_nlink = node.nlink if isinstance(node, DirNode) else max(node.links, 1)
         a.st_uid = self.uid
         a.st_gid = self.gid
         a.st_rdev = 0

@@ -1,21 +1,30 @@
 """The name tree a mount shows, built from a store scan (DESIGN §3).
 
-A tree is immutable; a change in the store builds a new one. Inode numbers come from an
-`InodeTable` that lives as long as the mount, keyed by what a node *is* (a directory's path, a
-blob's digest, a small file's path and bytes), so an unchanged path keeps its inode across
+A tree is immutable once built; a change in the store builds a new one. Inode numbers come from
+an `InodeTable` that lives as long as the mount, keyed by what a node *is* (a directory's path,
+a blob's digest, a small file's path and bytes), so an unchanged path keeps its inode across
 rebuilds and an inode never changes meaning, which lets `forget` be a no-op and lets an open
 file keep its bytes when its tag moves.
+
+The short-name model directories are built at once (they are what `ls -lR MOUNT` walks); the
+model directories under `.by-name/` and `.by-digest/`, and `.blobs/`, are placed at once but
+filled on first use. Everything a listing of their parent shows (inode, mtime, link count, the
+link counts of the blobs inside) is known when they are placed, so filling one changes nothing
+that was shown; it only makes what is inside.
 """
 
 from __future__ import annotations
 
 import functools
 import gc
+import itertools
 import logging
 import stat
-from collections.abc import Hashable, Iterable
+import weakref
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from store.compat import (
     COMPATIBLE_RUNNERS,
@@ -28,7 +37,7 @@ from store.compat import (
 from store.digest import Digest
 from store.errors import StoreError
 from store.files import ModelFile, model_files
-from store.manifest import clean_text
+from store.manifest import Manifest, clean_text
 from store.names import Name
 from store.safetensors import read_safetensors_header_path
 from store.scan import DEFAULT_PREFER, Entry, StoreIndex, Variant
@@ -41,18 +50,19 @@ MAX_TEXT_BYTES = 1 << 20  # templates, licenses, params shown inside a Modelfile
 
 
 class InodeTable:
-    """Stable inode numbers for the life of a mount; never reused."""
+    """Stable inode numbers for the life of a mount; never reused. Safe across threads (a
+    rebuild in a worker thread, a lazy directory filled in the request loop) without a lock:
+    `next` on a count and `dict.setdefault` are atomic, and a number lost to a race is just
+    never used."""
 
     def __init__(self) -> None:
         self._by_key: dict[Hashable, int] = {}
-        self._next = ROOT_INODE + 1
+        self._numbers = itertools.count(ROOT_INODE + 1)
 
     def get(self, key: Hashable) -> int:
         ino = self._by_key.get(key)
         if ino is None:
-            ino = self._next
-            self._next += 1
-            self._by_key[key] = ino
+            ino = self._by_key.setdefault(key, next(self._numbers))
         return ino
 
 
@@ -73,13 +83,36 @@ class Node:
 @dataclass(eq=False)
 class DirNode(Node):
     path: tuple[str, ...] = ()
-    children: dict[str, Node] = field(default_factory=dict)
     is_model: bool = False
+    # A lazy directory has `_fill` set until first use, and `_subdirs` says what its link
+    # count will be; `children` fills it.
+    _children: dict[str, Node] = field(default_factory=dict, repr=False)
+    _fill: Callable[[DirNode], None] | None = field(default=None, repr=False)
+    _subdirs: int = 0
     mode = stat.S_IFDIR | 0o555
 
     @property
     def size(self) -> int:
         return 4096
+
+    @property
+    def children(self) -> dict[str, Node]:
+        fill = self._fill
+        if fill is not None:
+            self._fill = None
+            fill(self)
+        return self._children
+
+    @property
+    def loaded(self) -> bool:
+        """False for a lazy directory nobody has looked into yet."""
+        return self._fill is None
+
+    @property
+    def nlink(self) -> int:
+        if self._fill is not None:
+            return 2 + self._subdirs
+        return 2 + sum(isinstance(c, DirNode) for c in self._children.values())
 
 
 @dataclass(eq=False)
@@ -87,7 +120,7 @@ class BlobNode(Node):
     """A file whose bytes are one blob, served from the blob file."""
 
     digest: Digest = field(default=Digest("0" * 64))
-    path: Path = field(default=Path())
+    blobs_dir: Path = field(default=Path())
     blob_size: int = 0
     media_type: str = ""
     gguf: bool = False
@@ -95,6 +128,11 @@ class BlobNode(Node):
     @property
     def size(self) -> int:
         return self.blob_size
+
+    @functools.cached_property
+    def path(self) -> Path:
+        # Made on first use: a Path per blob was a fifth of a build.
+        return self.blobs_dir / self.digest.blob_name
 
 
 @dataclass(eq=False)
@@ -164,15 +202,46 @@ class SymlinkNode(Node):
         return len(self.target)
 
 
+class NodeSink(Protocol):
+    """Where nodes made after a build (by filling a lazy directory) are registered: the mount's
+    inode -> node table."""
+
+    nodes: dict[int, Node]
+
+
 @dataclass
 class NameTree:
     root: DirNode
-    nodes: dict[int, Node]
+    nodes: dict[int, Node]  # every node made by the build itself
     blob_nodes: dict[Digest, BlobNode]
+    _build: _Build | None = field(default=None, repr=False)
+
+    def attach(self, sink: NodeSink) -> None:
+        """Register the nodes lazy directories make, now and from now on, in `sink.nodes`."""
+        if self._build is not None:
+            self._build.attach(sink)
+
+    def retire(self) -> None:
+        """A newer tree is served: what this one still makes never displaces the newer one's
+        node of the same inode (an inode's content is the same in both by construction; this
+        only keeps the newest directory listing and link count)."""
+        if self._build is not None:
+            self._build.current = False
+
+
+@dataclass
+class _Plan:
+    """What a model directory of one manifest holds, worked out once per build."""
+
+    files: list[ModelFile]
+    shown: list[tuple[ModelFile, BlobNode]]  # the blob-backed files, blob present, right size
+    missing: list[str]  # status lines
+    config: BlobNode | None
+    subdirs: int
 
 
 class TreeBuilder:
-    """Builds a NameTree from a StoreIndex. `data` is "fuse" (serve bytes) or "symlink"."""
+    """Builds NameTrees from StoreIndexes. `data` is "fuse" (serve bytes) or "symlink"."""
 
     def __init__(
         self,
@@ -185,40 +254,82 @@ class TreeBuilder:
         self.prefer = tuple(prefer)
         self.data = data
         # Merged views depend only on blob contents, so they are cached for the mount's life.
-        self._merged: dict[tuple[Digest, ...], MergedSafetensors | str] = {}
+        self.merged: dict[tuple[Digest, ...], MergedSafetensors | str] = {}
         # So do llama.cpp views of GGUF blobs (None: the blob needs none).
-        self._compat: dict[Digest, CompatViews | str | None] = {}
-        self._compute_cache: ComputeCache | None = None
+        self.compat: dict[Digest, CompatViews | str | None] = {}
+        self.compute_cache: ComputeCache | None = None
 
-    # -- public --------------------------------------------------------------------------
     def build(self, index: StoreIndex) -> NameTree:
         # A build makes ~20 objects per model and keeps them all; the cyclic collector would
         # walk them again and again while they are being made, for nothing.
         gc_was_enabled = gc.isenabled()
         gc.disable()
         try:
-            return self._build(index)
+            return _Build(self, index).run()
         finally:
             if gc_was_enabled:
                 gc.enable()
 
-    def _build(self, index: StoreIndex) -> NameTree:
+
+class _Build:
+    """One build: the state that depends on one StoreIndex, kept as long as a lazy directory
+    of its tree may still be filled. Nothing here refers back to the tree's nodes (the mount
+    is held weakly), so a tree that is no longer served is freed by reference counting."""
+
+    def __init__(self, builder: TreeBuilder, index: StoreIndex) -> None:
+        self.inodes = builder.inodes
+        self.prefer = builder.prefer
+        self.data = builder.data
+        self.merged = builder.merged
+        self.compat = builder.compat
+        self.builder = builder  # its caches; it holds no node
         self.index = index
         # Every model is placed up to three times (short name, .by-name, .by-digest); what
         # depends only on a manifest or a blob is computed once per build.
-        self._files: dict[Digest, list[ModelFile]] = {}
-        self._texts: dict[Digest, str | None] = {}
-        self._modelfiles: dict[tuple[Digest, str], bytes] = {}
-        self.nodes: dict[int, Node] = {}
+        self.plans: dict[Digest, _Plan] = {}
+        self.texts: dict[Digest, str | None] = {}
+        self.modelfiles: dict[tuple[Digest, str], bytes] = {}
         self.blob_nodes: dict[Digest, BlobNode] = {}
+        self.nodes: dict[int, Node] | None = {}  # while building; then None
+        self.pending: dict[int, Node] = {}  # made lazily before the tree is attached
+        self.sink: weakref.ref[NodeSink] | None = None
+        self.current = True
+
+    # -- registration --------------------------------------------------------------------
+    def register(self, node: Node) -> None:
+        if self.nodes is not None:
+            self.nodes[node.inode] = node
+            return
+        sink = self.sink() if self.sink is not None else None
+        if sink is None:
+            if self.sink is None:
+                self.pending[node.inode] = node
+            return  # the mount is gone
+        if self.current:
+            sink.nodes[node.inode] = node
+        else:
+            sink.nodes.setdefault(node.inode, node)
+
+    def attach(self, sink: NodeSink) -> None:
+        self.sink = weakref.ref(sink)
+        pending, self.pending = self.pending, {}
+        for node in pending.values():
+            self.register(node)
+
+    # -- the build -----------------------------------------------------------------------
+    def run(self) -> NameTree:
+        index = self.index
         root_mtime = max((e.mtime_ns for e in index), default=0)
         root = self._dir((), root_mtime)
-        self.nodes[ROOT_INODE] = root
+        assert self.nodes is not None
+        del self.nodes[root.inode]
         root.inode = ROOT_INODE
+        self.register(root)
 
         by_name = self._mkdirs(root, (".by-name",), root_mtime)
         by_digest = self._mkdirs(root, (".by-digest",), root_mtime)
         blobs = self._mkdirs(root, (".blobs",), root_mtime)
+        blobs._fill = self._fill_blobs
 
         for entry in index.sorted_entries():
             try:
@@ -226,32 +337,31 @@ class TreeBuilder:
             except Exception:
                 # One model's oddity must not cost the user the whole view.
                 log.exception("%s: not shown", entry.name)
-        for name in sorted(index.blob_names):
-            digest = Digest.parse(name)
-            node = self._blob(digest, "")
+        nodes, self.nodes = self.nodes, None
+        return NameTree(root, nodes, self.blob_nodes, self)
+
+    def _fill_blobs(self, blobs: DirNode) -> None:
+        for name in sorted(self.index.blob_names):
+            node = self._blob(Digest(name.removeprefix("sha256-")), "")
             if node is not None:
-                _attach(blobs, name, node)
-        return NameTree(root, self.nodes, self.blob_nodes)
+                blobs._children[name] = node
 
     # -- helpers -------------------------------------------------------------------------
-    def _register(self, node: Node) -> None:
-        self.nodes[node.inode] = node
-
     def _dir(
         self, path: tuple[str, ...], mtime_ns: int, xattrs: dict[str, bytes] | None = None
     ) -> DirNode:
         node = DirNode(self.inodes.get(("dir", path)), mtime_ns, xattrs or {}, path=path)
-        self._register(node)
+        self.register(node)
         return node
 
     def _mkdirs(self, parent: DirNode, rel: Iterable[str], mtime_ns: int) -> DirNode:
         """The directory `rel` below `parent`, made as needed; _Clash if a file is in the way."""
         node = parent
         for part in rel:
-            child = node.children.get(part)
+            child = node._children.get(part)
             if child is None:
                 child = self._dir((*node.path, part), mtime_ns)
-                node.children[part] = child
+                node._children[part] = child
             elif not isinstance(child, DirNode) or child.is_model:
                 # Never into another model's directory: `llama3/8b/q4` must not appear inside
                 # the library model `llama3:8b`.
@@ -273,32 +383,56 @@ class TreeBuilder:
             int(info.mtime * 1e9),
             {"user.modelfs.digest": str(digest).encode()},
             digest=digest,
-            path=self.index.layout.blob(digest),
+            blobs_dir=self.index.layout.blobs,
             blob_size=info.size,
             media_type=media_type,
-            links=0,
+            links=1,  # .blobs/ shows every present blob
         )
         if media_type:
             node.xattrs["user.modelfs.media_type"] = media_type.encode()
         self.blob_nodes[digest] = node
-        self._register(node)
+        self.register(node)
         return node
 
-    def _file_node(self, dir_path: tuple[str, ...], f: ModelFile) -> Node | None:
-        blob = self._blob(f.layer.digest, f.layer.media_type)
-        if blob is None or blob.size != f.layer.size:
-            return None
-        if not blob.media_type:
-            blob.media_type = f.layer.media_type
-            blob.xattrs["user.modelfs.media_type"] = f.layer.media_type.encode()
-        if f.path.endswith(".gguf"):
-            blob.gguf = True  # its header-derived xattrs are read on first getxattr
+    def _plan(self, manifest: Manifest) -> _Plan:
+        plan = self.plans.get(manifest.digest)
+        if plan is not None:
+            return plan
+        files = model_files(manifest)
+        shown: list[tuple[ModelFile, BlobNode]] = []
+        missing: list[str] = []
+        subdirs = {".ollama"}
+        for f in files:
+            blob = self._blob(f.layer.digest, f.layer.media_type)
+            if blob is None or blob.size != f.layer.size:
+                missing.append(f"missing blob {f.layer.digest} ({f.path})")
+                continue
+            if not blob.media_type:
+                blob.media_type = f.layer.media_type
+                blob.xattrs["user.modelfs.media_type"] = f.layer.media_type.encode()
+            if f.path.endswith(".gguf"):
+                blob.gguf = True  # its header-derived xattrs are read on first getxattr
+            shown.append((f, blob))
+            top, sep, _ = f.path.partition("/")
+            if sep:
+                subdirs.add(top)
+        config = None
+        if manifest.config is not None:
+            if self.index.blob_info(manifest.config.digest) is None:
+                missing.append(f"missing blob {manifest.config.digest} (.ollama/config.json)")
+            else:
+                config = self._blob(manifest.config.digest, manifest.config.media_type)
+        plan = _Plan(files, shown, missing, config, len(subdirs))
+        self.plans[manifest.digest] = plan
+        return plan
+
+    def _file_node(self, blob: BlobNode) -> Node:
         if self.data == "symlink":
             target = str(blob.path).encode()
             link = SymlinkNode(
                 self.inodes.get(("link", target)), blob.mtime_ns, dict(blob.xattrs), target=target
             )
-            self._register(link)
+            self.register(link)
             return link
         return blob
 
@@ -306,7 +440,7 @@ class TreeBuilder:
         # bytes hash once per object and the same objects recur (manifest bytes, Modelfiles).
         key = ("bytes", path, data)
         node = BytesNode(self.inodes.get(key), mtime_ns, data=data)
-        self._register(node)
+        self.register(node)
         return node
 
     # -- model directories ---------------------------------------------------------------
@@ -315,101 +449,122 @@ class TreeBuilder:
         canonical = name.legacy_parts()
         preferred = entry.preferred(self.prefer)
         if preferred is not None:
-            self._place(by_name, canonical, entry, preferred)
+            self._place(by_name, canonical, entry, preferred, lazy=True)
             self._place(root, short_path(name), entry, preferred)
-            self._place(by_digest, (entry.digest.hex,), entry, preferred)
+            self._place(by_digest, (entry.digest.hex,), entry, preferred, lazy=True)
         for v in entry.variants:
             if v.from_list and v.runner:
                 parts = short_path(name)
                 self._place(root, (*parts[:-1], f"{parts[-1]}@{v.runner}"), entry, v)
-                self._place(by_name, (*canonical[:-1], f"{canonical[-1]}@{v.runner}"), entry, v)
-            self._place(by_digest, (v.manifest.digest.hex,), entry, v)
+                self._place(
+                    by_name,
+                    (*canonical[:-1], f"{canonical[-1]}@{v.runner}"),
+                    entry,
+                    v,
+                    lazy=True,
+                )
+            self._place(by_digest, (v.manifest.digest.hex,), entry, v, lazy=True)
 
-    def _place(self, parent: DirNode, rel: tuple[str, ...], entry: Entry, v: Variant) -> None:
+    def _place(
+        self, parent: DirNode, rel: tuple[str, ...], entry: Entry, v: Variant, lazy: bool = False
+    ) -> None:
         try:
             holder = self._mkdirs(parent, rel[:-1], entry.mtime_ns)
         except _Clash as clash:
             log.info("%s: %r is a file in another model; see .by-name/", entry.name, clash.args[0])
             return
-        if rel[-1] in holder.children:
+        if rel[-1] in holder._children:
             # First come wins (newest first); every model stays reachable under .by-name/.
             return
-        holder.children[rel[-1]] = self._model_dir((*holder.path, rel[-1]), entry, v)
-
-    def _model_dir(self, path: tuple[str, ...], entry: Entry, v: Variant) -> DirNode:
         manifest = v.manifest
+        plan = self._plan(manifest)
         xattrs = {
             "user.modelfs.name": entry.name.full.encode(),
             "user.modelfs.manifest_digest": str(manifest.digest).encode(),
         }
-        d = self._dir(path, entry.mtime_ns, xattrs)
+        d = self._dir((*holder.path, rel[-1]), entry.mtime_ns, xattrs)
         d.is_model = True
-        files = self._files.get(manifest.digest)
-        if files is None:
-            files = self._files[manifest.digest] = model_files(manifest)
-        status: list[str] = []
-        for f in files:
-            node = self._file_node(path, f)
-            if node is None:
-                status.append(f"missing blob {f.layer.digest} ({f.path})")
-                continue
+        if lazy:
+            d._fill = functools.partial(self._fill_lazy, entry, v)
+            d._subdirs = plan.subdirs + (1 if self._shows_compat(plan, v) else 0)
+        else:
+            self._fill_model(entry, v, d)
+        holder._children[rel[-1]] = d
+        # Link counts are settled here, filled or not, so no listing ever sees one move.
+        if self.data != "symlink":
+            for _, blob in plan.shown:
+                blob.links += 1
+        if plan.config is not None:
+            plan.config.links += 1
+
+    def _fill_lazy(self, entry: Entry, v: Variant, d: DirNode) -> None:
+        try:
+            self._fill_model(entry, v, d)
+        except Exception:
+            # Served as far as it got; the mount goes on.
+            log.exception("%s: %s not filled", entry.name, "/".join(d.path))
+
+    def _fill_model(self, entry: Entry, v: Variant, d: DirNode) -> None:
+        path = d.path
+        manifest = v.manifest
+        mtime = entry.mtime_ns
+        plan = self._plan(manifest)
+        files = plan.files
+        for f, blob in plan.shown:
+            node = self._file_node(blob)
             parts = f.path.split("/")
             try:
-                holder = self._mkdirs(d, parts[:-1], entry.mtime_ns)
+                holder = self._mkdirs(d, parts[:-1], mtime) if len(parts) > 1 else d
             except _Clash:
                 continue
-            _attach(holder, parts[-1], node)
-        if manifest.config is not None and self.index.blob_info(manifest.config.digest) is None:
-            status.append(f"missing blob {manifest.config.digest} (.ollama/config.json)")
+            holder._children[parts[-1]] = node
+        status = list(plan.missing)
         model = next((f for f in files if f.path == "model.gguf"), None)
-        if model is not None and "model.gguf" in d.children and v.runner not in COMPATIBLE_RUNNERS:
-            problem = self._add_compat(d, model, entry.mtime_ns)
+        if model is not None and "model.gguf" in d._children and v.runner not in COMPATIBLE_RUNNERS:
+            problem = self._add_compat(d, model, mtime)
             if problem:
                 status.append(f"llama.cpp/ not shown: {problem}")
         safetensors = any(f.layer.kind == "tensor" for f in files)
         if safetensors:
             merged = self._merged_view(files)
             if isinstance(merged, MergedSafetensors):
-                d.children["model.safetensors"] = self._merged_node(path, merged, entry.mtime_ns)
+                d._children["model.safetensors"] = self._merged_node(merged, mtime)
             elif merged:
                 status.append(f"model.safetensors not shown: {merged}")
-        d.children["Modelfile"] = self._bytes(
+        d._children["Modelfile"] = self._bytes(
             (*path, "Modelfile"),
             self._modelfile(entry.name.shortest, manifest.digest, files, safetensors),
-            entry.mtime_ns,
+            mtime,
         )
-        meta = self._mkdirs(d, (".ollama",), entry.mtime_ns)
-        meta.children["manifest.json"] = self._bytes(
-            (*path, ".ollama", "manifest.json"), manifest.raw, entry.mtime_ns
+        meta = self._mkdirs(d, (".ollama",), mtime)
+        meta._children["manifest.json"] = self._bytes(
+            (*path, ".ollama", "manifest.json"), manifest.raw, mtime
         )
-        if manifest.config is not None:
-            config = self._blob(manifest.config.digest, manifest.config.media_type)
-            if config is not None:
-                _attach(meta, "config.json", config)
-        meta.children["digest"] = self._bytes(
-            (*path, ".ollama", "digest"), f"{manifest.digest}\n".encode(), entry.mtime_ns
+        if plan.config is not None:
+            meta._children["config.json"] = plan.config
+        meta._children["digest"] = self._bytes(
+            (*path, ".ollama", "digest"), f"{manifest.digest}\n".encode(), mtime
         )
         text = "\n".join(status) if status else "ok"
-        meta.children["status"] = self._bytes(
-            (*path, ".ollama", "status"), (text + "\n").encode(), entry.mtime_ns
+        meta._children["status"] = self._bytes(
+            (*path, ".ollama", "status"), (text + "\n").encode(), mtime
         )
-        return d
 
     def _modelfile(
         self, display: str, digest: Digest, files: list[ModelFile], safetensors: bool
     ) -> bytes:
         key = (digest, display)
-        text = self._modelfiles.get(key)
+        text = self.modelfiles.get(key)
         if text is None:
             text = render_modelfile(display, files, self._read_text, safetensors=safetensors)
-            self._modelfiles[key] = text
+            self.modelfiles[key] = text
         return text
 
     def _read_text(self, f: ModelFile) -> str | None:
         digest = f.layer.digest
-        if digest not in self._texts:
-            self._texts[digest] = self._read_text_uncached(f)
-        return self._texts[digest]
+        if digest not in self.texts:
+            self.texts[digest] = self._read_text_uncached(f)
+        return self.texts[digest]
 
     def _read_text_uncached(self, f: ModelFile) -> str | None:
         info = self.index.blob_info(f.layer.digest)
@@ -426,8 +581,8 @@ class TreeBuilder:
     def _merged_view(self, files: list[ModelFile]) -> MergedSafetensors | str:
         tensors = [f for f in files if f.layer.kind == "tensor"]
         key = tuple(f.layer.digest for f in tensors)
-        if key in self._merged:
-            return self._merged[key]
+        if key in self.merged:
+            return self.merged[key]
         result: MergedSafetensors | str
         if any(self.index.blob_info(d) is None for d in key):
             result = "a tensor blob is missing"
@@ -440,13 +595,13 @@ class TreeBuilder:
                 result = merge_safetensors(parts)
             except (OSError, StoreError) as exc:
                 result = str(exc)
-        self._merged[key] = result
+        self.merged[key] = result
         return result
 
     def compat_views(self, digest: Digest) -> CompatViews | str | None:
         """The llama.cpp views of a GGUF blob, an error text, or None (none needed)."""
-        if digest in self._compat:
-            return self._compat[digest]
+        if digest in self.compat:
+            return self.compat[digest]
         path = self.index.layout.blob(digest)
         result: CompatViews | str | None = None
         if may_need_view(path):
@@ -455,15 +610,23 @@ class TreeBuilder:
             except (OSError, StoreError, ValueError) as exc:
                 log.warning("%s: no llama.cpp view: %s", digest, exc)
                 result = str(exc)
-        self._compat[digest] = result
+        self.compat[digest] = result
         return result
+
+    def _shows_compat(self, plan: _Plan, v: Variant) -> bool:
+        """Will the model directory hold `llama.cpp/`? (Its link count says so before it is
+        filled.)"""
+        if v.runner in COMPATIBLE_RUNNERS:
+            return False
+        model = next((f for f, _ in plan.shown if f.path == "model.gguf"), None)
+        return model is not None and isinstance(self.compat_views(model.layer.digest), CompatViews)
 
     def _add_compat(self, d: DirNode, f: ModelFile, mtime_ns: int) -> str | None:
         views = self.compat_views(f.layer.digest)
         if not isinstance(views, CompatViews):
             return views
-        if self._compute_cache is None:
-            self._compute_cache = ComputeCache(self.index.layout.compat)
+        if self.builder.compute_cache is None:
+            self.builder.compute_cache = ComputeCache(self.index.layout.compat)
         holder = self._mkdirs(d, ("llama.cpp",), mtime_ns)
         for view in (views.model, views.mmproj):
             if view is None:
@@ -478,25 +641,17 @@ class TreeBuilder:
                 digest=f.layer.digest,
                 path=view.source,
                 view=view,
-                cache=self._compute_cache,
+                cache=self.builder.compute_cache,
             )
-            self._register(node)
-            holder.children[f"{view.kind}.gguf"] = node
+            self.register(node)
+            holder._children[f"{view.kind}.gguf"] = node
         return None
 
-    def _merged_node(
-        self, path: tuple[str, ...], merged: MergedSafetensors, mtime_ns: int
-    ) -> MergedNode:
+    def _merged_node(self, merged: MergedSafetensors, mtime_ns: int) -> MergedNode:
         key = ("merged", tuple(s.path.name for s in merged.segments), len(merged.header))
         node = MergedNode(self.inodes.get(key), mtime_ns, merged=merged)
-        self._register(node)
+        self.register(node)
         return node
-
-
-def _attach(parent: DirNode, name: str, node: Node) -> None:
-    parent.children[name] = node
-    if isinstance(node, BlobNode):
-        node.links += 1  # a blob node is shared by every place that shows it, in one build
 
 
 class _Clash(Exception):

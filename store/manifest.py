@@ -126,6 +126,8 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 def clean_text(text: str) -> str:
     """Lone surrogates (from `\\ud800` escapes) as U+FFFD, as Go's JSON decoder leaves them;
     they cannot be encoded, so they must not reach a file name or a file."""
+    if text.isascii():  # nearly every string of every manifest: skip the regex
+        return text
     return _SURROGATE.sub("\ufffd", text)
 
 

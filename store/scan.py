@@ -155,9 +155,11 @@ class StoreIndex:
         if digest in self._blob_info:
             return self._blob_info[digest]
         info: BlobInfo | None = None
-        if self.has_blob(digest):
+        name = digest.blob_name
+        if name in self.blob_names:
             try:
-                st = os.stat(self.layout.blob(digest), follow_symlinks=False)
+                # A string, not layout.blob(): this runs for every blob of every model.
+                st = os.stat(f"{self.layout.blobs}/{name}", follow_symlinks=False)
                 if stat.S_ISREG(st.st_mode):
                     info = BlobInfo(st.st_size, st.st_mtime)
             except OSError:
@@ -178,7 +180,7 @@ class StoreIndex:
         if not self.has_blob(digest):
             return None
         try:
-            raw = read_limited(self.layout.blob(digest), MAX_CONFIG_BYTES)
+            raw = read_limited(f"{self.layout.blobs}/{digest.blob_name}", MAX_CONFIG_BYTES)
             return parse_config(raw, f"blobs/{digest.blob_name}")
         except (OSError, StoreError) as exc:
             log.warning("config %s: %s", digest, exc)
@@ -220,7 +222,7 @@ def walk_manifest_tree(root: Path) -> Iterator[_TreeItem]:
     on the way down. Depth-4 entries that are files or symlinks are candidates; anything else
     out of place is yielded with a problem text."""
 
-    def walk(path: Path, parts: tuple[str, ...]) -> Iterator[_TreeItem]:
+    def walk(path: str, parts: tuple[str, ...]) -> Iterator[_TreeItem]:
         try:
             it = os.scandir(path)
         except NotADirectoryError:
@@ -234,7 +236,7 @@ def walk_manifest_tree(root: Path) -> Iterator[_TreeItem]:
                 if len(sub) < 4:
                     # Ollama's Glob follows links to directories; the depth bound stops loops.
                     if de.is_dir(follow_symlinks=True):
-                        yield from walk(Path(de.path), sub)
+                        yield from walk(de.path, sub)
                     else:
                         yield sub, de, "stray file (not a manifest: wrong depth)"
                 elif de.is_dir(follow_symlinks=False):
@@ -243,7 +245,7 @@ def walk_manifest_tree(root: Path) -> Iterator[_TreeItem]:
                     yield sub, de, ""
 
     if root.is_dir():
-        yield from walk(root, ())
+        yield from walk(str(root), ())
 
 
 class Scanner:
@@ -253,6 +255,7 @@ class Scanner:
     def __init__(self, layout: Layout) -> None:
         self.layout = layout
         self.index = StoreIndex(layout)
+        self._prefix = str(layout.root).rstrip("/") + "/"
         self._manifest_blobs: dict[Digest, Manifest | ManifestList | StoreError] = {}
 
     def scan(self) -> StoreIndex:
@@ -314,7 +317,7 @@ class Scanner:
                 # else: v2 hides legacy for the same name (the legacy file is an anchor).
                 continue
             try:
-                entry = self._read_entry(name, Path(de.path), root, v2=v2)
+                entry = self._read_entry(name, de.path, root, v2=v2)
             except StoreError as exc:
                 self._problem("bad-manifest", rel, str(exc).removeprefix(f"{rel}: "))
                 continue
@@ -325,8 +328,9 @@ class Scanner:
                 continue
             self.index.entries[name.key] = entry
 
-    def _read_entry(self, name: Name, path: Path, root: Path, *, v2: bool) -> Entry:
-        rel = str(path.relative_to(self.layout.root))
+    def _read_entry(self, name: Name, path: str, root: Path, *, v2: bool) -> Entry:
+        # Strings in this loop: it runs once per tag, and Path arithmetic was a fifth of it.
+        rel = path[len(self._prefix) :]  # walk_manifest_tree's paths are below the root
         raw, st = self._read_manifest_file(path, root, rel)
         top = parse_manifest(raw, rel)
         if isinstance(top, ManifestList):
@@ -339,14 +343,14 @@ class Scanner:
         return Entry(
             name=name,
             source="v2" if v2 else "legacy",
-            path=path,
+            path=Path(path),
             top=top,
             mtime_ns=st.st_mtime_ns,
             variants=variants,
             absent_children=absent,
         )
 
-    def _read_manifest_file(self, path: Path, root: Path, rel: str) -> tuple[bytes, os.stat_result]:
+    def _read_manifest_file(self, path: str, root: Path, rel: str) -> tuple[bytes, os.stat_result]:
         """Read a tag file; a symlink must land on a blob whose bytes hash to its name."""
         try:
             lst = os.lstat(path)
@@ -390,7 +394,7 @@ class Scanner:
             result = ManifestError(f"{rel}: missing")
         else:
             try:
-                raw = read_limited(self.layout.blob(digest), MAX_MANIFEST_BYTES)
+                raw = read_limited(f"{self.layout.blobs}/{digest.blob_name}", MAX_MANIFEST_BYTES)
                 if Digest.of_bytes(raw) != digest:
                     result = ManifestError(f"{rel}: bytes do not match the name")
                 else:

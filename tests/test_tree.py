@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
 from pathlib import Path
 
+import pytest
+
 from fsd.mount import changed_entries
+from fsd.ops import ModelOperations
 from fsd.tree import BlobNode, DirNode, InodeTable, Node, TreeBuilder, short_path
+from modelfs.demo import build_demo_store
+from store.digest import Digest
 from store.layout import Layout
 from store.names import parse_name
-from store.scan import scan_store
+from store.scan import StoreIndex, scan_store
 from store.watch import store_signature
 from tests.builders import TinyStore
 
@@ -116,3 +123,137 @@ def test_text_layers_are_read_by_their_real_size(tmp_path: Path) -> None:
     paths = walk(tree.root)
     assert "/m/1/LICENSE" not in paths  # wrong size: not served
     assert b"LICENSE" not in paths["/m/1/Modelfile"].data  # type: ignore[attr-defined]
+
+
+# -- lazy directories (.by-name/, .by-digest/ model dirs and .blobs/ are filled on first use) --
+def shown(node: Node, path: str = "") -> dict[str, tuple[object, ...]]:
+    """What listings show without filling anything: every entry of every filled directory."""
+    nlink = node.nlink if isinstance(node, DirNode) else node.links
+    out = {path or "/": (node.inode, node.mode, node.size, nlink, node.mtime_ns)}
+    if isinstance(node, DirNode) and node.loaded:
+        for name, child in node._children.items():
+            out.update(shown(child, f"{path}/{name}"))
+    return out
+
+
+def relative(tree: dict[str, Node], top: str) -> dict[str, tuple[object, ...]]:
+    """The files below `top`, by relative path: kind, size and bytes (inodes differ by path)."""
+    return {
+        p.removeprefix(top): (type(n).__name__, n.size, getattr(n, "data", None), n.links)
+        for p, n in tree.items()
+        if p.startswith(top + "/")
+    }
+
+
+@pytest.fixture(scope="module")
+def demo_index(tmp_path_factory: pytest.TempPathFactory) -> StoreIndex:
+    root = tmp_path_factory.mktemp("demo") / "models"
+    build_demo_store(root)
+    return scan_store(root)
+
+
+@pytest.mark.parametrize("data", ["fuse", "symlink"])
+def test_lazy_directories_show_what_an_eager_build_shows(demo_index: StoreIndex, data: str) -> None:
+    tree = TreeBuilder(InodeTable(), data=data).build(demo_index)
+    lazy = [n for n in walk_loaded(tree.root) if isinstance(n, DirNode) and not n.loaded]
+    assert len(lazy) > 5  # the hidden model dirs and .blobs/ are not filled yet
+    before = shown(tree.root)
+    paths = walk(tree.root)  # fills everything
+    assert all(n.loaded for n in paths.values() if isinstance(n, DirNode))
+    after = shown(tree.root)
+    # Nothing a listing showed before (inode, mode, size, link count, mtime) has moved.
+    assert {p: after[p] for p in before} == before
+    # Every blob's link count is the number of places that show it, as an eager build had it.
+    for blob in tree.blob_nodes.values():
+        assert blob.links == sum(n is blob for n in paths.values())
+    # Every model shows the same files in each of its places.
+    compared = 0
+    for entry in demo_index:
+        preferred = entry.preferred()
+        if preferred is None:
+            continue
+        short = "/" + "/".join(short_path(entry.name))
+        if (
+            paths.get(short) is None
+            or paths[short].xattrs.get(  # taken by a newer model
+                "user.modelfs.manifest_digest"
+            )
+            != str(preferred.manifest.digest).encode()
+        ):
+            continue
+        files = relative(paths, short)
+        assert files and "/Modelfile" in files and "/.ollama/status" in files
+        assert relative(paths, "/.by-name/" + "/".join(entry.name.legacy_parts())) == files
+        assert relative(paths, f"/.by-digest/{entry.digest.hex}") == files
+        compared += 1
+    assert compared >= 4
+    assert set(relative(paths, "/.blobs")) == {f"/{b}" for b in demo_index.blob_names}
+
+
+def walk_loaded(node: Node) -> list[Node]:
+    out = [node]
+    if isinstance(node, DirNode) and node.loaded:
+        for child in node._children.values():
+            out.extend(walk_loaded(child))
+    return out
+
+
+def test_lazy_fill_after_a_swap_is_served_and_old_trees_are_freed(tmp_path: Path) -> None:
+    tiny = TinyStore(tmp_path)
+    tiny.gguf_model("a:1", payload=b"a")
+    builder = TreeBuilder(InodeTable())
+    first = builder.build(scan_store(tiny.root))
+    ops = ModelOperations(first, 0, 0, tiny.root)
+    old_by_digest = first.root.children[".by-digest"]
+    assert isinstance(old_by_digest, DirNode)
+    tiny.gguf_model("b:1", payload=b"b")
+    second = builder.build(scan_store(tiny.root))
+    gc.disable()  # what follows must hold by reference counting alone (the mount freezes)
+    try:
+        ops.swap(second)
+        # A directory of the served tree, filled after the swap: its entries resolve.
+        by_digest = second.root.children[".by-digest"]
+        assert isinstance(by_digest, DirNode)
+        for d in by_digest.children.values():
+            assert isinstance(d, DirNode) and not d.loaded
+            for child in d.children.values():
+                assert ops.nodes[child.inode] is child
+        # The old tree's directories no longer displace the new tree's nodes.
+        old_dirs = list(old_by_digest.children.values())
+        for d in old_dirs:
+            assert isinstance(d, DirNode)
+            for name, child in d.children.items():
+                assert child.inode in ops.nodes
+                if name == ".ollama":
+                    assert ops.nodes[child.inode] is not child
+        del d, old_dirs, old_by_digest, by_digest, child
+        gone = weakref.ref(first)
+        del first
+        ops.swap(builder.build(scan_store(tiny.root)))
+        assert gone() is None  # no reference cycle keeps a replaced tree alive
+    finally:
+        gc.enable()
+
+
+def test_changed_entries_fills_only_what_was_looked_at(tmp_path: Path) -> None:
+    tiny = TinyStore(tmp_path)
+    tiny.gguf_model("a:1", payload=b"a")
+    tiny.gguf_model("b:1", payload=b"b")
+    builder = TreeBuilder(InodeTable())
+    first = builder.build(scan_store(tiny.root))
+    seen = walk(first.root)  # fills everything, as if someone had listed it all
+    b_digest = seen["/b/1/.ollama/digest"].data.decode().strip()  # type: ignore[attr-defined]
+    tiny.gguf_model("b:1", payload=b"b2")  # re-tag b
+    second = builder.build(scan_store(tiny.root))
+    stale = set(changed_entries(first, second))
+    by_digest = second.root.children[".by-digest"]
+    assert isinstance(by_digest, DirNode)
+    old_hex = Digest.parse(b_digest).hex
+    assert (seen["/.by-digest"].inode, old_hex) in stale  # the old manifest's dir is gone
+    assert (seen["/.by-name/registry.ollama.ai/library/b/1"].inode, "model.gguf") in stale
+    # a's hidden dirs were compared (filled in `second`), and nothing of a is stale
+    assert all(seen["/a/1"].inode != parent for parent, _ in stale)
+    third = builder.build(scan_store(tiny.root))
+    assert list(changed_entries(second, third)) == []
+    lazy = [n for n in walk_loaded(third.root) if isinstance(n, DirNode) and not n.loaded]
+    assert lazy  # only what `second` had filled was filled in `third`
