@@ -1597,3 +1597,25 @@ def test_llama_cpp_reads_the_qwen25vl_view_it_refuses_raw(tmp_path: Path) -> Non
     assert llm.token_eos() == vocab.specials["<|im_end|>"]
     tokens = llm.tokenize(b" hello world", add_bos=False)
     assert llm.detokenize(tokens) == b" hello world"
+
+
+def test_a_lazy_model_dir_counts_its_llama_cpp_dir_before_it_is_filled(tmp_path: Path) -> None:
+    from fsd.tree import DirNode, InodeTable, TreeBuilder
+    from store.scan import scan_store
+
+    tiny, _ = compat_store(tmp_path)
+    tree = TreeBuilder(InodeTable()).build(scan_store(tiny.root))
+    short = tree.root.children["gemma3"].children["tiny"]
+    assert isinstance(short, DirNode) and "llama.cpp" in short.children
+    lazy = tree.root.children[".by-name"]
+    for part in ("registry.ollama.ai", "library", "gemma3", "tiny"):
+        lazy = lazy.children[part]
+    assert isinstance(lazy, DirNode) and not lazy.loaded
+    before = lazy.nlink
+    assert sorted(lazy.children) == sorted(short.children)
+    assert lazy.nlink == before == short.nlink
+    plain = tree.root.children[".by-name"]
+    for part in ("registry.ollama.ai", "library", "plain", "tiny"):
+        plain = plain.children[part]
+    before = plain.nlink
+    assert "llama.cpp" not in plain.children and plain.nlink == before
