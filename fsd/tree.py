@@ -24,7 +24,7 @@ import weakref
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from store.compat import (
     COMPATIBLE_RUNNERS,
@@ -32,7 +32,9 @@ from store.compat import (
     ComputeCache,
     GGUFView,
     compat_views,
+    may_need_mmproj_view,
     may_need_view,
+    mmproj_view,
 )
 from store.digest import Digest
 from store.errors import StoreError
@@ -46,6 +48,7 @@ from store.views import MergedSafetensors, merge_safetensors, read_merged, rende
 log = logging.getLogger(__name__)
 
 ROOT_INODE = 1
+_V = TypeVar("_V")
 MAX_TEXT_BYTES = 1 << 20  # templates, licenses, params shown inside a Modelfile
 
 
@@ -257,6 +260,8 @@ class TreeBuilder:
         self.merged: dict[tuple[Digest, ...], MergedSafetensors | str] = {}
         # So do llama.cpp views of GGUF blobs (None: the blob needs none).
         self.compat: dict[Digest, CompatViews | str | None] = {}
+        # ... and the views of separate projector blobs (mmproj.gguf layers).
+        self.mmproj: dict[Digest, GGUFView | str | None] = {}
         self.compute_cache: ComputeCache | None = None
 
     def build(self, index: StoreIndex) -> NameTree:
@@ -282,6 +287,7 @@ class _Build:
         self.data = builder.data
         self.merged = builder.merged
         self.compat = builder.compat
+        self.mmproj = builder.mmproj
         self.builder = builder  # its caches; it holds no node
         self.index = index
         # Every model is placed up to three times (short name, .by-name, .by-digest); what
@@ -519,11 +525,8 @@ class _Build:
                 continue
             holder._children[parts[-1]] = node
         status = list(plan.missing)
-        model = next((f for f in files if f.path == "model.gguf"), None)
-        if model is not None and "model.gguf" in d._children and v.runner not in COMPATIBLE_RUNNERS:
-            problem = self._add_compat(d, model, mtime)
-            if problem:
-                status.append(f"llama.cpp/ not shown: {problem}")
+        if "model.gguf" in d._children:
+            status += self._add_compat(d, plan, v, mtime)
         safetensors = any(f.layer.kind == "tensor" for f in files)
         if safetensors:
             merged = self._merged_view(files)
@@ -600,52 +603,91 @@ class _Build:
 
     def compat_views(self, digest: Digest) -> CompatViews | str | None:
         """The llama.cpp views of a GGUF blob, an error text, or None (none needed)."""
-        if digest in self.compat:
-            return self.compat[digest]
+        return self._view_of(self.compat, digest, may_need_view, compat_views)
+
+    def mmproj_view(self, digest: Digest) -> GGUFView | str | None:
+        """The llama.cpp view of a separate projector blob, an error text, or None."""
+        return self._view_of(self.mmproj, digest, may_need_mmproj_view, mmproj_view)
+
+    def _view_of(
+        self,
+        cache: dict[Digest, _V | str | None],
+        digest: Digest,
+        may_need: Callable[[Path], bool],
+        make: Callable[[Path, str], _V | None],
+    ) -> _V | str | None:
+        """`make`'s view of a blob, once per mount; the error text when it cannot be made."""
+        if digest in cache:
+            return cache[digest]
         path = self.index.layout.blob(digest)
-        result: CompatViews | str | None = None
-        if may_need_view(path):
+        result: _V | str | None = None
+        if may_need(path):
             try:
-                result = compat_views(path, digest.hex)
+                result = make(path, digest.hex)
             except (OSError, StoreError, ValueError) as exc:
                 log.warning("%s: no llama.cpp view: %s", digest, exc)
                 result = str(exc)
-        self.compat[digest] = result
+        cache[digest] = result
         return result
+
+    def _compat_files(
+        self, plan: _Plan, v: Variant
+    ) -> tuple[list[tuple[Digest, GGUFView]], list[str]]:
+        """The files of `llama.cpp/` (source blob, view) and why any is not shown: the views of
+        model.gguf, and the projector's own view where the model has no clip view of its
+        own. Nothing for a child made for llama.cpp."""
+        if v.runner in COMPATIBLE_RUNNERS:
+            return [], []
+        shown = {f.path: f for f, _ in plan.shown}
+        model, projector = shown.get("model.gguf"), shown.get("mmproj.gguf")
+        if model is None:
+            return [], []
+        files: list[tuple[Digest, GGUFView]] = []
+        problems: list[str] = []
+        views = self.compat_views(model.layer.digest)
+        if isinstance(views, CompatViews):
+            files.append((model.layer.digest, views.model))
+            if views.mmproj is not None:
+                files.append((model.layer.digest, views.mmproj))
+        elif views:
+            problems.append(f"llama.cpp/ not shown: {views}")
+        if projector is not None and not any(view.kind == "mmproj" for _, view in files):
+            view = self.mmproj_view(projector.layer.digest)
+            if isinstance(view, GGUFView):
+                files.append((projector.layer.digest, view))
+            elif view:
+                problems.append(f"llama.cpp/mmproj.gguf not shown: {view}")
+        return files, problems
 
     def _shows_compat(self, plan: _Plan, v: Variant) -> bool:
         """Will the model directory hold `llama.cpp/`? (Its link count says so before it is
         filled.)"""
-        if v.runner in COMPATIBLE_RUNNERS:
-            return False
-        model = next((f for f, _ in plan.shown if f.path == "model.gguf"), None)
-        return model is not None and isinstance(self.compat_views(model.layer.digest), CompatViews)
+        return bool(self._compat_files(plan, v)[0])
 
-    def _add_compat(self, d: DirNode, f: ModelFile, mtime_ns: int) -> str | None:
-        views = self.compat_views(f.layer.digest)
-        if not isinstance(views, CompatViews):
-            return views
+    def _add_compat(self, d: DirNode, plan: _Plan, v: Variant, mtime_ns: int) -> list[str]:
+        """`llama.cpp/` in the model directory `d`, if it has one; its status lines."""
+        files, problems = self._compat_files(plan, v)
+        if not files:
+            return problems
         if self.builder.compute_cache is None:
             self.builder.compute_cache = ComputeCache(self.index.layout.compat)
         holder = self._mkdirs(d, ("llama.cpp",), mtime_ns)
-        for view in (views.model, views.mmproj):
-            if view is None:
-                continue
+        for digest, view in files:
             node = CompatNode(
-                self.inodes.get(("compat", f.layer.digest, view.kind)),
+                self.inodes.get(("compat", digest, view.kind)),
                 mtime_ns,
                 {
-                    "user.modelfs.compat.source": str(f.layer.digest).encode(),
+                    "user.modelfs.compat.source": str(digest).encode(),
                     "user.modelfs.compat.handler": view.handler.encode(),
                 },
-                digest=f.layer.digest,
+                digest=digest,
                 path=view.source,
                 view=view,
                 cache=self.builder.compute_cache,
             )
             self.register(node)
             holder._children[f"{view.kind}.gguf"] = node
-        return None
+        return problems
 
     def _merged_node(self, merged: MergedSafetensors, mtime_ns: int) -> MergedNode:
         key = ("merged", tuple(s.path.name for s in merged.segments), len(merged.header))

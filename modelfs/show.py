@@ -5,7 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from modelfs.human import human_bytes, rfc3339_nano, table
-from store.compat import COMPATIBLE_RUNNERS, CompatViews, compat_views, may_need_view
+from store.compat import (
+    COMPATIBLE_RUNNERS,
+    CompatViews,
+    GGUFView,
+    compat_views,
+    may_need_mmproj_view,
+    may_need_view,
+    mmproj_view,
+)
 from store.errors import StoreError
 from store.files import ModelFile, model_files
 from store.manifest import ManifestList
@@ -64,26 +72,50 @@ def _llama_cpp(
     """Which files of the model directory to hand llama.cpp (`--model`, `--mmproj`)."""
     model = next((f for f in files if f.path == "model.gguf"), None)
     projector = next((f for f in files if f.path == "mmproj.gguf"), None)
-    out: dict[str, Any] = {"model": None, "mmproj": None, "view": None}
+    out: dict[str, Any] = {"model": None, "mmproj": None, "view": None, "mmproj_view": None}
     if model is None or model.layer.digest in missing:
         return out
     out["model"] = model.path
     if projector is not None and projector.layer.digest not in missing:
         out["mmproj"] = projector.path
+    else:
+        projector = None
+    if not translate:
+        return out
     path = index.layout.blob(model.layer.digest)
     views: CompatViews | None = None
-    if translate and may_need_view(path):
+    if may_need_view(path):
         try:
             views = compat_views(path, model.layer.digest.hex)
         except (OSError, StoreError, ValueError) as exc:
             out["error"] = str(exc)
+    clip = views.mmproj if views is not None else None
+    if clip is None and projector is not None:
+        # A separate projector llama.cpp refuses as it is (LLaVA's, without a type).
+        ppath = index.layout.blob(projector.layer.digest)
+        if may_need_mmproj_view(ppath):
+            try:
+                clip = mmproj_view(ppath, projector.layer.digest.hex)
+            except (OSError, StoreError, ValueError) as exc:
+                out["mmproj_error"] = str(exc)
+    if clip is not None:
+        out["mmproj"] = "llama.cpp/mmproj.gguf"
+        out["mmproj_view"] = _view_record(clip)
     if views is None:
         return out
     out["model"] = "llama.cpp/model.gguf"
-    if views.mmproj is not None:
-        out["mmproj"] = "llama.cpp/mmproj.gguf"
     v = views.model
-    out["view"] = {
+    out["view"] = _view_record(v)
+    vision_hidden = any(n.startswith(("v.", "mm.", "a.")) for n in v.hidden)
+    if vision_hidden and out["mmproj"] is None:
+        out["view"]["notes"].append(
+            "the embedded vision/audio tensors are hidden; no clip rule reads them"
+        )
+    return out
+
+
+def _view_record(v: GGUFView) -> dict[str, Any]:
+    return {
         "rules": v.handler,
         "size": v.size,
         "tensors": len(v.tensors),
@@ -91,12 +123,6 @@ def _llama_cpp(
         "computed": len(v.computed),
         "notes": list(v.notes),
     }
-    vision_hidden = any(n.startswith(("v.", "mm.", "a.")) for n in v.hidden)
-    if vision_hidden and out["mmproj"] is None:
-        out["view"]["notes"].append(
-            "the embedded vision/audio tensors are hidden; their clip view is not ported yet"
-        )
-    return out
 
 
 def show_record(
@@ -162,13 +188,14 @@ def render(record: dict[str, Any]) -> str:
         if lc.get("model"):
             args = f"--model {lc['model']}" + (f" --mmproj {lc['mmproj']}" if lc["mmproj"] else "")
             out.append(f"  llama.cpp: {args}")
-            view = lc.get("view")
-            if view:
-                out.append(
-                    f"    view by {view['rules']}: {view['tensors']} tensors,"
-                    f" {view['hidden']} hidden, {view['computed']} computed"
-                )
-                out += [f"    note: {n}" for n in view["notes"]]
+            for label, key in (("view", "view"), ("mmproj view", "mmproj_view")):
+                view = lc.get(key)
+                if view:
+                    out.append(
+                        f"    {label} by {view['rules']}: {view['tensors']} tensors,"
+                        f" {view['hidden']} hidden, {view['computed']} computed"
+                    )
+                    out += [f"    note: {n}" for n in view["notes"]]
         if v.get("quantization"):
             rows = [["QUANT", "TENSORS", "BYTES"]]
             for q in v["quantization"]:

@@ -29,7 +29,8 @@ HEX = "ab" * 32
 
 # (key, value, type[, item type])
 KV = tuple[Any, ...]
-# (name, numpy array) or (name, numpy-order shape, ggml type name): raw random bytes
+# (name, numpy array), (name, numpy-order shape, ggml type name): raw random bytes, or
+# (name, float array, ggml type name): the values quantized
 Tensor = tuple[Any, ...]
 
 
@@ -45,6 +46,9 @@ def write_gguf(path: Path, arch: str, kvs: Sequence[KV], tensors: Sequence[Tenso
             continue
         name, shape, type_name = spec
         qtype = gguf.GGMLQuantizationType[type_name]
+        if isinstance(shape, np.ndarray):  # values, quantized by the reference quantizer
+            w.add_tensor(name, gguf.quants.quantize(shape, qtype), raw_dtype=qtype)
+            continue
         block, size = gguf.GGML_QUANT_SIZES[qtype]
         *rows, cols = shape
         raw = rng.integers(0, 256, (*rows, cols // block * size), dtype=np.uint8)
@@ -707,7 +711,7 @@ def test_show_names_the_llama_cpp_files(tmp_path: Path) -> None:
     text = render(records["gemma3"])
     assert "llama.cpp: --model llama.cpp/model.gguf --mmproj llama.cpp/mmproj.gguf" in text
     plain = records["plain"]["variants"][0]["llama_cpp"]
-    assert plain == {"model": "model.gguf", "mmproj": None, "view": None}
+    assert plain == {"model": "model.gguf", "mmproj": None, "view": None, "mmproj_view": None}
 
 
 @fuse
@@ -773,7 +777,7 @@ def test_llamacpp_children_and_non_gguf_blobs_get_no_view(tmp_path: Path) -> Non
     index = scan_store(tiny.layout)
     entry = next(e for e in index if e.name.tag == "listed")
     lc = show_record(index, entry)["variants"][0]["llama_cpp"]
-    assert lc == {"model": "model.gguf", "mmproj": None, "view": None}
+    assert lc == {"model": "model.gguf", "mmproj": None, "view": None, "mmproj_view": None}
     junk = tmp_path / "junk"
     junk.write_bytes(b"not a gguf at all, but long enough to look")
     assert not may_need_view(junk)
@@ -1171,6 +1175,408 @@ def test_gemma4_mmproj_view(tmp_path: Path) -> None:
     assert sorted(got) == sorted([*renames, "v.patch_embd.weight"])  # no text, no extras
 
 
+CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
+CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
+
+
+def check_patch_pair(got: dict[str, Any], source: dict[str, Any]) -> None:
+    """v.patch_embd_0/_1 (one per frame, F16) -> v.patch_embd.weight and .weight.1 in F32."""
+    for name, old in (("v.patch_embd.weight", "_0"), ("v.patch_embd.weight.1", "_1")):
+        src = source[f"v.patch_embd{old}.weight"]
+        assert list(got[name].shape) == list(src.shape)
+        assert np.array_equal(as_f32(got[name]), np.asarray(src.data, np.float32))
+
+
+def test_qwen25vl_mmproj_view(tmp_path: Path) -> None:
+    kvs: list[KV] = [
+        ("qwen25vl.block_count", 1, V.UINT32),
+        ("qwen25vl.embedding_length", 64, V.UINT32),
+        ("qwen25vl.rope.mrope_section", [16, 24, 24], V.ARRAY, V.INT32),
+        ("qwen25vl.vision.block_count", 1, V.UINT32),
+        ("qwen25vl.vision.embedding_length", 8, V.UINT32),
+        ("qwen25vl.vision.attention.head_count", 2, V.UINT32),
+        ("qwen25vl.vision.attention.layer_norm_epsilon", 1e-6, V.FLOAT32),
+        ("qwen25vl.vision.num_channels", 3, V.UINT32),
+        ("qwen25vl.vision.patch_size", 2, V.UINT32),
+        ("qwen25vl.vision.spatial_merge_size", 2, V.UINT32),
+        ("qwen25vl.vision.window_size", 112, V.UINT32),
+        ("qwen25vl.vision.fullatt_block_indexes", [7, 15, 23, 31], V.ARRAY, V.INT32),
+        *tokenizer(16, model="gpt2"),
+    ]
+    renames = {
+        "v.post_ln.weight": "v.merger.ln_q.weight",
+        "mm.0.weight": "v.merger.mlp.0.weight",
+        "mm.0.bias": "v.merger.mlp.0.bias",
+        "mm.2.weight": "v.merger.mlp.2.weight",
+        "mm.2.bias": "v.merger.mlp.2.bias",
+        "v.blk.0.attn_q.weight": "v.blk.0.attn_q.weight",  # the tower's names already fit
+        "v.blk.0.ffn_up.weight": "v.blk.0.ffn_up.weight",
+    }
+    ts: list[Tensor] = [("token_embd.weight", (16, 64), "Q8_0")]
+    ts += [(old, f32(4, 8, seed=i)) for i, old in enumerate(renames.values())]
+    ts[-1] = ("v.blk.0.ffn_up.weight", f16(24, 8, seed=30))  # ggml [8, n_ff=24]
+    ts += [
+        ("v.patch_embd_0.weight", f16(8, 3, 2, 2, seed=31)),
+        ("v.patch_embd_1.weight", f16(8, 3, 2, 2, seed=32)),
+    ]
+    src = write_gguf(tmp_path / "qwen25vl-vision.gguf", "qwen25vl", kvs, ts)
+    assert views_of(src).mmproj.handler == "handle_qwen25vl_clip"  # type: ignore[union-attr]
+    reader, kv, source = mmproj_of(src, tmp_path)
+    assert kv["clip.projector_type"] == "qwen2.5vl_merger"
+    assert kv["clip.vision.block_count"] == 1 and kv["clip.vision.embedding_length"] == 8
+    assert kv["clip.vision.attention.head_count"] == 2
+    assert kv["clip.vision.attention.layer_norm_epsilon"] == pytest.approx(1e-6)
+    assert kv["clip.vision.num_channels"] == 3 and kv["clip.vision.patch_size"] == 2
+    assert kv["clip.vision.spatial_merge_size"] == 2 and kv["clip.vision.window_size"] == 112
+    assert kv["clip.vision.projection_dim"] == 64
+    assert kv["clip.vision.feed_forward_length"] == 24  # from ffn_up's shape
+    assert kv["clip.vision.n_wa_pattern"] == 8  # fullatt_block_indexes[0] + 1
+    assert kv["clip.vision.image_size"] == 560
+    assert kv["clip.vision.image_mean"] == pytest.approx(CLIP_MEAN)
+    assert kv["clip.vision.image_std"] == pytest.approx(CLIP_STD)
+    assert kv["clip.has_vision_encoder"] is True and kv["clip.use_silu"] is True
+    got = tensors(reader)
+    check_renamed(got, source, renames)
+    check_patch_pair(got, source)
+    assert sorted(got) == sorted([*renames, "v.patch_embd.weight", "v.patch_embd.weight.1"])
+
+
+def qwen3vl_vision(tmp_path: Path, arch: str) -> Path:
+    """qwen3vl(moe) with its vision tower inline: q and k F16 beside a Q8_0 v, a packed
+    two-frame patch embedding, one deepstack adapter, the merger under v.merger.*."""
+    kvs: list[KV] = [
+        (f"{arch}.block_count", 1, V.UINT32),
+        (f"{arch}.embedding_length", 64, V.UINT32),
+        (f"{arch}.vision.block_count", 2, V.UINT32),
+        (f"{arch}.vision.embedding_length", 32, V.UINT32),
+        (f"{arch}.vision.attention.head_count", 2, V.UINT32),
+        (f"{arch}.vision.attention.layer_norm_epsilon", 1e-6, V.FLOAT32),
+        (f"{arch}.vision.patch_size", 2, V.UINT32),
+        (f"{arch}.vision.spatial_merge_size", 2, V.UINT32),
+        (f"{arch}.vision.num_channels", 3, V.UINT32),
+        (f"{arch}.vision.deepstack_visual_indexes", [1], V.ARRAY, V.INT32),
+        (f"{arch}.vision.image_mean", [0.1, 0.2, 0.3], V.ARRAY, V.FLOAT32),
+        (f"{arch}.vision.shortest_edge", 1024, V.UINT32),
+        *tokenizer(16, model="gpt2"),
+    ]
+    ts: list[Tensor] = [("token_embd.weight", (16, 64), "Q8_0")]
+    for b in range(2):
+        ts += [
+            (f"v.blk.{b}.attn_q.weight", f16(32, 32, seed=10 * b)),
+            (f"v.blk.{b}.attn_k.weight", f16(32, 32, seed=10 * b + 1)),
+            (f"v.blk.{b}.attn_v.weight", f32(32, 32, seed=10 * b + 2), "Q8_0"),
+        ]
+        ts += [
+            (f"v.blk.{b}.attn_{x}.bias", f32(32, seed=30 + 10 * b + i)) for i, x in enumerate("qkv")
+        ]
+        ts += [
+            (f"v.blk.{b}.attn_out.weight", f16(32, 32, seed=60 + b)),
+            (f"v.blk.{b}.norm1.weight", f32(32, seed=62 + b)),
+            (f"v.blk.{b}.norm2.weight", f32(32, seed=64 + b)),
+            (f"v.blk.{b}.mlp.linear_fc1.weight", f16(64, 32, seed=66 + b)),  # ggml [32, 64]
+            (f"v.blk.{b}.mlp.linear_fc2.weight", f16(32, 64, seed=68 + b)),
+        ]
+    ts += [
+        # numpy [c_out*c_in, frames, h, w] = ggml [w, h, frames, packed]
+        ("v.patch_embed.weight", f16(32 * 3, 2, 2, 2, seed=70)),
+        ("v.patch_embed.bias", f32(32, seed=71)),
+        ("v.pos_embed.weight", f16(16, 32, seed=72)),  # 16 positions: a 4 x 4 grid
+        ("v.merger.norm.weight", f32(32, seed=73)),
+        ("v.merger.norm.bias", f32(32, seed=74)),
+        ("v.merger.linear_fc1.weight", f16(128, 128, seed=75)),
+        ("v.merger.linear_fc1.bias", f32(128, seed=76)),
+        ("v.merger.linear_fc2.weight", f16(64, 128, seed=77)),
+        ("v.merger.linear_fc2.bias", f32(64, seed=78)),
+    ]
+    for i, leaf in enumerate(("norm", "linear_fc1", "linear_fc2")):
+        ts.append((f"v.deepstack_merger.0.{leaf}.weight", f16(8, 8, seed=80 + i)))
+        ts.append((f"v.deepstack_merger.0.{leaf}.bias", f32(8, seed=85 + i)))
+    return write_gguf(tmp_path / f"{arch}-vision.gguf", arch, kvs, ts)
+
+
+def dequantized(t: Any) -> np.ndarray:
+    """A source tensor's values as F32 (the reference dequantizer for quantized types)."""
+    if t.tensor_type in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
+        return np.asarray(t.data, np.float32).reshape(-1)
+    return gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).reshape(-1)
+
+
+@pytest.mark.parametrize("arch", ["qwen3vl", "qwen3vlmoe"])
+def test_qwen3vl_mmproj_view(tmp_path: Path, arch: str) -> None:
+    src = qwen3vl_vision(tmp_path, arch)
+    assert views_of(src).mmproj.handler == "handle_qwen3vl_clip"  # type: ignore[union-attr]
+    reader, kv, source = mmproj_of(src, tmp_path)
+    assert kv["clip.projector_type"] == "qwen3vl_merger"
+    assert kv["clip.vision.block_count"] == 2 and kv["clip.vision.embedding_length"] == 32
+    assert kv["clip.vision.attention.head_count"] == 2
+    assert kv["clip.vision.attention.layer_norm_epsilon"] == pytest.approx(1e-6)
+    assert kv["clip.vision.patch_size"] == 2 and kv["clip.vision.spatial_merge_size"] == 2
+    assert kv["clip.vision.num_channels"] == 3
+    assert kv["clip.vision.temporal_patch_size"] == 2
+    assert kv["clip.vision.rope.freq_base"] == pytest.approx(10_000.0)
+    assert kv["clip.vision.projection_dim"] == 64
+    assert kv["clip.vision.feed_forward_length"] == 64  # from mlp.linear_fc1's shape
+    assert kv["clip.vision.image_size"] == 8  # sqrt(16 positions) * patch 2
+    assert kv["clip.vision.image_mean"] == pytest.approx([0.1, 0.2, 0.3])  # the file's
+    assert kv["clip.vision.image_std"] == [0.5] * 3
+    assert kv["clip.vision.image_min_pixels"] == 1024
+    assert kv["clip.vision.image_max_pixels"] == 16777216
+    assert kv["clip.vision.is_deepstack_layers"] == [False, True]
+    assert kv["clip.has_vision_encoder"] is True and kv["clip.use_gelu"] is True
+    got = tensors(reader)
+    for b in range(2):
+        # q, k (F16) and v (Q8_0) each made F32, then one after another: [32, 96] F32.
+        w, bias = got[f"v.blk.{b}.attn_qkv.weight"], got[f"v.blk.{b}.attn_qkv.bias"]
+        assert list(w.shape) == [32, 96] and list(bias.shape) == [96]
+        want = np.concatenate([dequantized(source[f"v.blk.{b}.attn_{x}.weight"]) for x in "qkv"])
+        assert np.array_equal(as_f32(w).reshape(-1), want)
+        want = np.concatenate([dequantized(source[f"v.blk.{b}.attn_{x}.bias"]) for x in "qkv"])
+        assert np.array_equal(as_f32(bias), want)
+        for x in "qkv":
+            assert f"v.blk.{b}.attn_{x}.weight" not in got  # merged: no orphans
+    renames = {
+        "v.blk.1.ln1.weight": "v.blk.1.norm1.weight",
+        "v.blk.0.ln2.weight": "v.blk.0.norm2.weight",
+        "v.blk.0.ffn_up.weight": "v.blk.0.mlp.linear_fc1.weight",
+        "v.blk.1.ffn_down.weight": "v.blk.1.mlp.linear_fc2.weight",
+        "v.blk.1.attn_out.weight": "v.blk.1.attn_out.weight",
+        "v.post_ln.weight": "v.merger.norm.weight",
+        "v.post_ln.bias": "v.merger.norm.bias",
+        "mm.0.weight": "v.merger.linear_fc1.weight",
+        "mm.0.bias": "v.merger.linear_fc1.bias",
+        "mm.2.weight": "v.merger.linear_fc2.weight",
+        "mm.2.bias": "v.merger.linear_fc2.bias",
+        "v.patch_embd.bias": "v.patch_embed.bias",
+    }
+    for leaf_from, leaf_to in (("norm", "norm"), ("linear_fc1", "fc1"), ("linear_fc2", "fc2")):
+        for suffix in ("weight", "bias"):
+            # The adapter of deepstack_visual_indexes[0] = 1, by its clip layer.
+            renames[f"v.deepstack.1.{leaf_to}.{suffix}"] = (
+                f"v.deepstack_merger.0.{leaf_from}.{suffix}"
+            )
+    check_renamed(got, source, renames)
+    packed = np.asarray(source["v.patch_embed.weight"].data).reshape(96, 2, 2, 2)
+    for name, frame in (("v.patch_embd.weight", 0), ("v.patch_embd.weight.1", 1)):
+        assert list(got[name].shape) == [2, 2, 3, 32]
+        want = packed[:, frame].astype(np.float32).reshape(32, 3, 2, 2)
+        assert np.array_equal(as_f32(got[name]).reshape(32, 3, 2, 2), want)
+    pos = got["v.position_embd.weight"]
+    assert np.array_equal(as_f32(pos), np.asarray(source["v.pos_embed.weight"].data, np.float32))
+    assert not any(n.startswith(("token_embd", "blk.", "v.deepstack_merger")) for n in got)
+    # Per block 7; two patch slices, patch bias, position, post_ln x2, mm.* x4, deepstack 6.
+    assert len(got) == 2 * 7 + 10 + 6
+
+
+def test_glmocr_mmproj_view(tmp_path: Path) -> None:
+    kvs: list[KV] = [
+        ("glmocr.block_count", 1, V.UINT32),
+        ("glmocr.vision.block_count", 1, V.UINT32),
+        ("glmocr.vision.embedding_length", 8, V.UINT32),
+        ("glmocr.vision.intermediate_size", 24, V.UINT32),
+        ("glmocr.vision.attention.head_count", 2, V.UINT32),
+        ("glmocr.vision.attention.layer_norm_rms_epsilon", 1e-5, V.FLOAT32),
+        ("glmocr.vision.image_size", 336, V.UINT32),
+        ("glmocr.vision.patch_size", 14, V.UINT32),
+        ("glmocr.vision.spatial_merge_size", 2, V.UINT32),
+        ("glmocr.vision.out_hidden_size", 64, V.UINT32),
+        ("glmocr.vision.image_mean", CLIP_MEAN, V.ARRAY, V.FLOAT32),
+        ("glmocr.vision.image_std", CLIP_STD, V.ARRAY, V.FLOAT32),
+        *tokenizer(16, model="gpt2"),
+    ]
+    names = (
+        "v.blk.0.attn_qkv.weight",
+        "v.blk.0.attn_out.weight",
+        "v.blk.0.ln1.weight",
+        "v.blk.0.ffn_gate.weight",
+        "v.post_ln.weight",
+        "mm.model.fc.weight",
+        "mm.up.weight",
+        "mm.patch_merger.weight",
+    )
+    ts: list[Tensor] = [
+        ("token_embd.weight", (16, 64), "Q8_0"),
+        ("blk.0.ffn_gate.weight", f32(8, 8)),
+    ]
+    ts += [(n, f16(8, 8, seed=i)) for i, n in enumerate(names)]
+    ts += [
+        ("v.patch_embd_0.weight", f16(8, 3, 2, 2, seed=20)),
+        ("v.patch_embd_1.weight", f16(8, 3, 2, 2, seed=21)),
+    ]
+    src = write_gguf(tmp_path / "glmocr-vision.gguf", "glmocr", kvs, ts)
+    assert views_of(src).mmproj.handler == "handle_glmocr_clip"  # type: ignore[union-attr]
+    reader, kv, source = mmproj_of(src, tmp_path)
+    assert kv["clip.projector_type"] == "glm4v"
+    assert kv["clip.vision.block_count"] == 1 and kv["clip.vision.embedding_length"] == 8
+    assert kv["clip.vision.feed_forward_length"] == 24
+    assert kv["clip.vision.attention.head_count"] == 2
+    assert kv["clip.vision.attention.layer_norm_epsilon"] == pytest.approx(1e-5)
+    assert kv["clip.vision.image_size"] == 336 and kv["clip.vision.patch_size"] == 14
+    assert kv["clip.vision.spatial_merge_size"] == 2
+    assert kv["clip.vision.projection_dim"] == 64
+    assert kv["clip.vision.image_mean"] == pytest.approx(CLIP_MEAN)
+    assert kv["clip.vision.image_std"] == pytest.approx(CLIP_STD)
+    assert kv["clip.has_vision_encoder"] is True and kv["clip.use_silu"] is True
+    got = tensors(reader)
+    check_renamed(got, source, {n: n for n in names})  # already llama.cpp's names
+    check_patch_pair(got, source)
+    assert sorted(got) == sorted([*names, "v.patch_embd.weight", "v.patch_embd.weight.1"])
+
+
+def test_deepseekocr_mmproj_view(tmp_path: Path) -> None:
+    kvs: list[KV] = [
+        ("deepseekocr.block_count", 1, V.UINT32),
+        ("deepseekocr.vision.block_count", 1, V.UINT32),
+        ("deepseekocr.vision.embedding_length", 8, V.UINT32),
+        ("deepseekocr.vision.head_count", 2, V.UINT32),
+        ("deepseekocr.vision.image_size", 224, V.UINT32),
+        ("deepseekocr.vision.patch_size", 14, V.UINT32),
+        ("deepseekocr.sam.block_count", 1, V.UINT32),
+        ("deepseekocr.sam.embedding_length", 16, V.UINT32),
+        ("deepseekocr.sam.head_count", 4, V.UINT32),
+        *tokenizer(16, model="gpt2"),
+    ]
+    renames = {
+        "v.sam.blk.0.attn.qkv.weight": "s.blk.0.attn.qkv.weight",
+        "v.sam.blk.0.attn.out.weight": "s.blk.0.attn.proj.weight",
+        "v.sam.blk.0.attn.pos_h.weight": "s.blk.0.attn.rel_pos_h",
+        "v.sam.blk.0.attn.pos_w.weight": "s.blk.0.attn.rel_pos_w",
+        "v.sam.blk.0.pre_ln.weight": "s.blk.0.norm1.weight",
+        "v.sam.blk.0.post_ln.weight": "s.blk.0.norm2.weight",
+        "v.sam.pos_embd.weight": "s.position_embd",
+        "v.blk.0.attn_qkv.weight": "v.blk.0.self_attn.qkv_proj.weight",
+        "v.blk.0.attn_out.weight": "v.blk.0.self_attn.out_proj.weight",
+        "v.blk.0.ln1.weight": "v.blk.0.layer_norm1.weight",
+        "v.blk.0.ln2.weight": "v.blk.0.layer_norm2.weight",
+        "v.blk.0.ffn_up.weight": "v.blk.0.mlp.fc1.weight",
+        "v.blk.0.ffn_down.weight": "v.blk.0.mlp.fc2.weight",
+        "v.pre_ln.weight": "v.pre_layrnorm.weight",
+        "mm.model.fc.weight": "mm.layers.weight",
+        "v.image_newline": "mm.image_newline",
+        "v.view_seperator": "mm.view_seperator",
+    }
+    promoted = {
+        "v.patch_embd.weight": "v.patch_embd.weight",
+        "v.sam.patch_embd.weight": "s.patch_embd.weight",
+        "v.position_embd.weight": "v.position_embd.weight",
+    }
+    ts: list[Tensor] = [("token_embd.weight", (16, 64), "Q8_0"), ("blk.0.attn_q.weight", f32(8, 8))]
+    ts += [(old, f16(8, 8, seed=i)) for i, old in enumerate(renames.values())]
+    ts += [(old, f16(8, 3, 2, 2, seed=40 + i)) for i, old in enumerate(promoted.values())]
+    src = write_gguf(tmp_path / "deepseekocr-vision.gguf", "deepseekocr", kvs, ts)
+    reader, kv, source = mmproj_of(src, tmp_path)
+    assert kv["clip.projector_type"] == "deepseekocr"
+    assert kv["clip.vision.block_count"] == 1 and kv["clip.vision.embedding_length"] == 8
+    assert kv["clip.vision.attention.head_count"] == 2
+    assert kv["clip.vision.image_size"] == 224 and kv["clip.vision.patch_size"] == 14
+    assert kv["clip.vision.sam.block_count"] == 1
+    assert kv["clip.vision.sam.embedding_length"] == 16
+    assert kv["clip.vision.sam.head_count"] == 4
+    # Defaults of the reference mmproj.
+    assert kv["clip.vision.feed_forward_length"] == 64
+    assert kv["clip.vision.projection_dim"] == 1280
+    assert kv["clip.vision.projector.scale_factor"] == 1
+    assert kv["clip.vision.window_size"] == 14
+    assert kv["clip.vision.attention.layer_norm_epsilon"] == pytest.approx(1e-6)
+    assert kv["clip.vision.image_mean"] == [0.5] * 3 and kv["clip.vision.image_std"] == [0.5] * 3
+    assert kv["clip.has_vision_encoder"] is True and kv["clip.use_gelu"] is True
+    got = tensors(reader)
+    check_renamed(got, source, renames)
+    for new, old in promoted.items():
+        assert np.array_equal(as_f32(got[new]), np.asarray(source[old].data, np.float32))
+    assert sorted(got) == sorted([*renames, *promoted])  # no text tensors
+
+
+def resample_reference(grid: np.ndarray, side: int) -> np.ndarray:
+    """Bilinear, corners aligned, weights as C floats: [side, side, E] from [n, n, E]."""
+    n = grid.shape[0]
+    out = np.zeros((side, side, grid.shape[2]), np.float32)
+    one = np.float32(1)
+    for y in range(side):
+        sy = y * (n - 1) / (side - 1)
+        y0 = int(np.floor(sy))
+        y1, wy = min(y0 + 1, n - 1), np.float32(sy - y0)
+        for x in range(side):
+            sx = x * (n - 1) / (side - 1)
+            x0 = int(np.floor(sx))
+            x1, wx = min(x0 + 1, n - 1), np.float32(sx - x0)
+            top = grid[y0, x0] * (one - wx) + grid[y0, x1] * wx
+            bottom = grid[y1, x0] * (one - wx) + grid[y1, x1] * wx
+            out[y, x] = top * (one - wy) + bottom * wy
+    return out
+
+
+def test_nemotron_h_omni_mmproj_view(tmp_path: Path) -> None:
+    e = 8
+    kvs: list[KV] = [
+        ("nemotron_h_omni.block_count", 1, V.UINT32),
+        ("nemotron_h_omni.embedding_length", 64, V.UINT32),
+        ("nemotron_h_omni.vision.block_count", 1, V.UINT32),
+        ("nemotron_h_omni.vision.embedding_length", e, V.UINT32),
+        ("nemotron_h_omni.vision.patch_size", 2, V.UINT32),
+        ("nemotron_h_omni.vision.image_size", 8, V.UINT32),  # a 4 x 4 grid of patches
+        ("nemotron_h_omni.vision.num_channels", 3, V.UINT32),
+        ("nemotron_h_omni.vision.image_mean", [0.1, 0.2, 0.3], V.ARRAY, V.FLOAT32),
+        ("nemotron_h_omni.vision.image_token_id", 18, V.UINT32),
+        ("nemotron_h_omni.audio.block_count", 1, V.UINT32),
+        *tokenizer(16, model="gpt2"),
+    ]
+    renames = {
+        "mm.model.mlp.0.weight": "mm.norm.weight",
+        "mm.model.mlp.1.weight": "mm.1.weight",
+        "mm.model.mlp.3.weight": "mm.2.weight",
+        "v.blk.0.attn_qkv.weight": "v.blk.0.attn_qkv.weight",
+    }
+    ts: list[Tensor] = [("token_embd.weight", (16, 64), "Q8_0"), ("blk.0.attn_q.weight", f32(8, 8))]
+    ts += [(old, f16(8, 8, seed=i)) for i, old in enumerate(renames.values())]
+    ts += [
+        ("v.cls_embd", f16(e, seed=10)),
+        ("v.position_embd", f16(9, e, seed=11)),  # ggml [E, 9]: a 3 x 3 grid, no .weight
+        ("v.patch_embd.weight", f16(e, 2 * 2 * 3, seed=12)),  # flat ggml [12, E]
+        ("a.blk.0.attn_q.weight", f16(8, 8, seed=13)),
+        ("mm.a.fc.weight", f16(8, 8, seed=14)),
+    ]
+    src = write_gguf(tmp_path / "omni-vision.gguf", "nemotron_h_omni", kvs, ts)
+    assert views_of(src).mmproj.handler == "handle_nemotron_h_omni_clip"  # type: ignore[union-attr]
+    reader, kv, source = mmproj_of(src, tmp_path)
+    assert kv["clip.vision.projector_type"] == "nemotron_v2_vl"
+    assert "clip.projector_type" not in kv
+    assert kv["clip.vision.block_count"] == 1 and kv["clip.vision.embedding_length"] == e
+    assert kv["clip.vision.patch_size"] == 2 and kv["clip.vision.image_size"] == 8
+    assert kv["clip.vision.num_channels"] == 3
+    assert kv["clip.vision.projection_dim"] == 64
+    assert kv["clip.vision.image_token_id"] == 18
+    assert kv["clip.vision.image_mean"] == pytest.approx([0.1, 0.2, 0.3])  # the file's
+    assert kv["clip.vision.image_std"] == pytest.approx(CLIP_STD)
+    # Defaults for what the file lacks.
+    assert kv["clip.vision.feed_forward_length"] == 4 * e
+    assert kv["clip.vision.attention.head_count"] == 16
+    assert kv["clip.vision.attention.layer_norm_epsilon"] == pytest.approx(1e-6)
+    assert kv["clip.vision.projector.scale_factor"] == 2
+    assert kv["clip.has_vision_encoder"] is True and kv["clip.use_gelu"] is True
+    assert kv["clip.has_audio_encoder"] is False  # audio stays off
+    got = tensors(reader)
+    check_renamed(got, source, renames)
+    cls = got["v.class_embd"]
+    assert np.array_equal(as_f32(cls), np.asarray(source["v.cls_embd"].data, np.float32))
+    # The 3 x 3 position grid resampled to the 4 x 4 the image size makes, as F32 [E, 16].
+    pos = got["v.position_embd.weight"]
+    assert list(pos.shape) == [e, 16]
+    grid = np.asarray(source["v.position_embd"].data, np.float32).reshape(3, 3, e)
+    resampled = as_f32(pos).reshape(4, 4, e)
+    np.testing.assert_allclose(resampled, resample_reference(grid, 4), rtol=1e-6, atol=1e-7)
+    for y, x in ((0, 0), (0, 3), (3, 0), (3, 3)):  # corners aligned: taken as they are
+        assert np.array_equal(resampled[y, x], grid[y // 3 * 2, x // 3 * 2])
+    # The flat patch kernel as the conv weight [2, 2, 3, E] in F32, elements in place.
+    patch = got["v.patch_embd.weight"]
+    assert list(patch.shape) == [2, 2, 3, e]
+    want = np.asarray(source["v.patch_embd.weight"].data, np.float32).reshape(-1)
+    assert np.array_equal(as_f32(patch).reshape(-1), want)
+    # Text, audio and the audio projector are not in the view.
+    assert sorted(got) == sorted(
+        [*renames, "v.class_embd", "v.position_embd.weight", "v.patch_embd.weight"]
+    )
+
+
 # -- further text handlers ----------------------------------------------------------------
 
 
@@ -1347,7 +1753,7 @@ def test_qwen25vl_view(tmp_path: Path) -> None:
     ts: list[Tensor] = [("token_embd.weight", f32(8, 32)), ("v.blk.0.attn_q.weight", f16(8, 8))]
     views, kv, got, _ = text_view(tmp_path, "qwen25vl", kvs, ts)
     assert views.model.handler == "handle_qwen25vl"
-    assert views.mmproj is None  # handle_qwen25vl_clip is not ported
+    assert views.mmproj is not None and views.mmproj.handler == "handle_qwen25vl_clip"
     assert kv["general.architecture"] == "qwen2vl"
     assert kv["qwen2vl.block_count"] == 1
     assert kv["qwen2vl.rope.dimension_sections"] == [16, 24, 24, 0]
@@ -1414,7 +1820,7 @@ def test_deepseekocr_view(tmp_path: Path) -> None:
     assert kv["deepseek2-ocr.expert_feed_forward_length"] == 16
     assert kv["deepseek2-ocr.expert_shared_count"] == 2
     assert list(got) == [t[0] for t in ts[:3]]
-    assert views.mmproj is None  # handle_deepseekocr_clip is not ported
+    assert views.mmproj is not None and views.mmproj.handler == "handle_deepseekocr_clip"
 
 
 def test_nemotron_h_omni_and_moe_views(tmp_path: Path) -> None:
@@ -1619,3 +2025,146 @@ def test_a_lazy_model_dir_counts_its_llama_cpp_dir_before_it_is_filled(tmp_path:
         plain = plain.children[part]
     before = plain.nlink
     assert "llama.cpp" not in plain.children and plain.nlink == before
+
+
+# -- separate projectors (LLaVA's, without clip.projector_type) ---------------------------
+
+
+def llava_projector(
+    tmp_path: Path, *extra: KV, vision: bool = True, name: str = "llava-projector"
+) -> Path:
+    """A LLaVA-style projector as Ollama ships it in a `projector` layer: a clip GGUF with
+    a vision encoder and a LLaVA projector, but no projector type."""
+    kvs: list[KV] = [
+        ("clip.has_text_encoder", False, V.BOOL),
+        ("clip.has_vision_encoder", vision, V.BOOL),
+        ("clip.has_llava_projector", True, V.BOOL),
+        ("clip.vision.image_size", 28, V.UINT32),
+        ("clip.vision.patch_size", 14, V.UINT32),
+        ("clip.vision.embedding_length", 16, V.UINT32),
+        ("clip.vision.block_count", 1, V.UINT32),
+        ("clip.vision.image_mean", CLIP_MEAN, V.ARRAY, V.FLOAT32),
+        *extra,
+    ]
+    ts: list[Tensor] = [
+        ("v.patch_embd.weight", f16(16, 3, 14, 14, seed=1)),
+        ("v.position_embd.weight", f16(5, 16, seed=2)),
+        ("v.blk.0.attn_q.weight", f16(16, 16, seed=3)),
+        ("mm.0.weight", f16(32, 16, seed=4)),
+        ("mm.0.bias", f32(32, seed=5)),
+        ("mm.2.weight", f16(32, 32, seed=6)),
+    ]
+    return write_gguf(tmp_path / f"{name}.gguf", "clip", kvs, ts)
+
+
+def test_llava_projector_without_type_gets_a_view(tmp_path: Path) -> None:
+    from store.compat import may_need_mmproj_view, mmproj_view
+
+    src = llava_projector(tmp_path)
+    assert compat_views(src, HEX) is None  # no text rule reads a clip file
+    assert may_need_mmproj_view(src)
+    view = mmproj_view(src, HEX)
+    assert view is not None and view.handler == "handle_missing_llava_projector_type"
+    reader = gguf.GGUFReader(materialize(view, tmp_path))
+    check_aligned(reader)
+    kv, source = fields(reader), gguf.GGUFReader(src)
+    assert kv["clip.projector_type"] == "mlp"
+    assert {k: v for k, v in kv.items() if k != "clip.projector_type"} == fields(source)
+    got, want = tensors(reader), tensors(source)
+    assert list(got) == list(want)
+    check_renamed(got, want, {n: n for n in want})  # every tensor, byte for byte
+    assert not view.computed
+    # A projector that names its type, or has no vision encoder, is loaded as it is.
+    typed = llava_projector(tmp_path, ("clip.projector_type", "mlp", V.STRING), name="typed")
+    assert mmproj_view(typed, HEX) is None
+    typed = llava_projector(tmp_path, ("clip.vision.projector_type", "ldp", V.STRING), name="v")
+    assert mmproj_view(typed, HEX) is None
+    assert mmproj_view(llava_projector(tmp_path, vision=False, name="blind"), HEX) is None
+    # A text model used as a projector file has no projector view unless a clip rule reads it.
+    plain = write_gguf(
+        tmp_path / "plain.gguf", "llama", tokenizer(8), [("token_embd.weight", f32(8, 32))]
+    )
+    assert mmproj_view(plain, HEX) is None
+
+
+def llava_store(tmp_path: Path) -> tuple[TinyStore, Path]:
+    """llava:tiny, a plain llama text model (no view) with a LLaVA projector layer."""
+    tiny = TinyStore(tmp_path / "models")
+    text = write_gguf(
+        tmp_path / "llava-text.gguf",
+        "llama",
+        [("llama.context_length", 4096, V.UINT32), *tokenizer(8)],
+        [("token_embd.weight", f32(8, 32))],
+    )
+    projector = llava_projector(tmp_path)
+    raw_manifest = tiny.manifest(
+        [tiny.layer("model", text.read_bytes()), tiny.layer("projector", projector.read_bytes())],
+        {"model_format": "gguf", "model_family": "llama", "file_type": "F32"},
+    )
+    tiny.legacy("llava:tiny", raw_manifest)
+    return tiny, projector
+
+
+def test_a_llava_model_gets_its_projector_view(tmp_path: Path) -> None:
+    from fsd.tree import CompatNode, DirNode, InodeTable, TreeBuilder
+    from modelfs.show import render, show_record
+    from store.scan import scan_store
+
+    tiny, projector = llava_store(tmp_path)
+    index = scan_store(tiny.root)
+    tree = TreeBuilder(InodeTable()).build(index)
+    short = tree.root.children["llava"].children["tiny"]
+    assert isinstance(short, DirNode)
+    assert "mmproj.gguf" in short.children  # the raw layer stays
+    holder = short.children["llama.cpp"]
+    assert isinstance(holder, DirNode) and sorted(holder.children) == ["mmproj.gguf"]
+    node = holder.children["mmproj.gguf"]
+    assert isinstance(node, CompatNode) and node.view is not None
+    assert node.view.handler == "handle_missing_llava_projector_type"
+    assert node.size == mmproj_view_of(projector).size
+    assert node.xattrs["user.modelfs.compat.source"] == str(node.digest).encode()
+    assert node.digest == short.children["mmproj.gguf"].digest  # type: ignore[attr-defined]
+    # The lazy .by-name/ directory counts llama.cpp/ before it is filled.
+    lazy = tree.root.children[".by-name"]
+    for part in ("registry.ollama.ai", "library", "llava", "tiny"):
+        lazy = lazy.children[part]
+    assert isinstance(lazy, DirNode) and not lazy.loaded
+    before = lazy.nlink
+    assert sorted(lazy.children) == sorted(short.children)
+    assert lazy.nlink == before == short.nlink
+    # `modelfs show` names the files to pass.
+    record = show_record(index, next(iter(index)))
+    lc = record["variants"][0]["llama_cpp"]
+    assert lc["model"] == "model.gguf" and lc["mmproj"] == "llama.cpp/mmproj.gguf"
+    assert lc["view"] is None
+    assert lc["mmproj_view"]["rules"] == "handle_missing_llava_projector_type"
+    text = render(record)
+    assert "llama.cpp: --model model.gguf --mmproj llama.cpp/mmproj.gguf" in text
+    assert "mmproj view by handle_missing_llava_projector_type" in text
+
+
+def mmproj_view_of(path: Path) -> GGUFView:
+    from store.compat import mmproj_view
+
+    view = mmproj_view(path, HEX)
+    assert view is not None
+    return view
+
+
+@fuse
+def test_mount_shows_a_llava_projector_view(tmp_path: Path) -> None:
+    tiny, projector = llava_store(tmp_path)
+    want = materialize(mmproj_view_of(projector), tmp_path).read_bytes()
+    mnt = tmp_path / "mnt"
+    with mounted(tiny.root, mnt):
+        d = mnt / "llava" / "tiny"
+        assert os.listdir(d / "llama.cpp") == ["mmproj.gguf"]
+        assert (d / "mmproj.gguf").read_bytes() == projector.read_bytes()  # raw stays raw
+        assert (d / "llama.cpp" / "mmproj.gguf").read_bytes() == want
+        digest = os.getxattr(d / "llama.cpp" / "mmproj.gguf", "user.modelfs.compat.source")
+        assert digest == os.getxattr(d / "mmproj.gguf", "user.modelfs.digest")
+        lazy = mnt / ".by-name" / "registry.ollama.ai" / "library" / "llava" / "tiny"
+        before = os.stat(lazy).st_nlink
+        assert "llama.cpp" in os.listdir(lazy)
+        assert os.stat(lazy).st_nlink == before == os.stat(d).st_nlink
+        assert (d / ".ollama" / "status").read_text() == "ok\n"

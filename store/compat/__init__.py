@@ -4,7 +4,8 @@ Many GGUFs Ollama publishes carry names and layouts upstream llama.cpp refuses; 
 translates them in memory at load time (`llama/compat/` in ollama/ollama). This package
 does the same translation as a file: `compat_views` reads a blob's header and returns the
 synthesized `llama.cpp/model.gguf` (and `llama.cpp/mmproj.gguf` for a monolithic vision
-GGUF whose clip rules are ported), or nothing for a file llama.cpp already loads.
+GGUF), or nothing for a file llama.cpp already loads; `mmproj_view` does the same for a
+separate projector file (a LLaVA-style projector without `clip.projector_type`).
 
 Pure and synchronous: reads headers, never tensor data (computed tensors are made when
 read, see compute.py).
@@ -32,6 +33,9 @@ __all__ = [
     "ComputeCache",
     "GGUFView",
     "compat_views",
+    "may_need_mmproj_view",
+    "may_need_view",
+    "mmproj_view",
     "peek_architecture",
 ]
 
@@ -153,12 +157,45 @@ def compat_views(
         if not translate_text(text):
             return None
         model = build_view(text, f, path, source_hex, "model")
-        mmproj = None
-        clip = Draft.of(header, f)
-        rule = translate_clip(clip)
-        if rule is not None:
-            for key in [k for k in clip.kv if k.startswith(_CLIP_DROP_KV)]:
-                clip.remove(key)
-            clip.tensors = {n: t for n, t in clip.tensors.items() if n.startswith(rule.keep)}
-            mmproj = build_view(clip, f, path, source_hex, "mmproj")
+        mmproj = _clip_view(header, f, path, source_hex)
     return CompatViews(model, mmproj)
+
+
+def _clip_view(header: GGUFHeader, f: BinaryIO, path: Path, source_hex: str) -> GGUFView | None:
+    """The mmproj view of the GGUF open as `f`, as llama.cpp's clip loader translates it
+    (translate_clip_metadata), or None when no clip rule applies."""
+    clip = Draft.of(header, f)
+    rule = translate_clip(clip)
+    if rule is None:
+        return None
+    for key in [k for k in clip.kv if k.startswith(_CLIP_DROP_KV)]:
+        clip.remove(key)
+    clip.tensors = {
+        n: t
+        for n, t in clip.tensors.items()
+        if n.startswith(rule.keep) and not n.startswith(rule.skip)
+    }
+    return build_view(clip, f, path, source_hex, "mmproj")
+
+
+def may_need_mmproj_view(path: Path) -> bool:
+    """False when a projector blob (the `projector` layer, shown as mmproj.gguf) cannot need
+    a view, told from its first bytes: it is no GGUF, or of an architecture no clip rule
+    reads."""
+    try:
+        with open(path, "rb") as f:
+            arch = peek_architecture(f)
+    except OSError:
+        return False
+    return arch is None or arch == "clip" or arch in TEXT_ARCHES
+
+
+def mmproj_view(path: Path, source_hex: str, header: GGUFHeader | None = None) -> GGUFView | None:
+    """The view of a separate projector file (`projector` layer) llama.cpp needs as
+    `--mmproj`, or None when it loads the file as it is: LLaVA-style projectors without
+    clip.projector_type. GGUFError/OSError when the file cannot be read."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if header is None:
+            header = read_gguf_header(f, str(path), size)
+        return _clip_view(header, f, path, source_hex)

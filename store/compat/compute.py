@@ -15,6 +15,7 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from store.compat.draft import GGML_BF16, GGML_F16, GGML_F32, Compute
 
@@ -72,6 +73,61 @@ def _patch_embed_slice(read: ReadAt, c: Compute) -> bytes:
     return src[:, slice_idx, :].astype("<f4").tobytes()
 
 
+def _concat_to_f32(read: ReadAt, c: Compute) -> bytes:
+    """register_concat_load_to_f32 (llama-ollama-compat-util.cpp): each source to F32 by its
+    own type (F16 q/k beside a Q8_0 v happens), the F32 arrays one after another. One
+    source alone is a plain to-F32 conversion of any type."""
+    import numpy as np
+
+    parts = [
+        _to_f32(read(offset, length), src_type, n)
+        for (offset, length), (src_type, n) in zip(c.sources, c.params, strict=True)
+    ]
+    return np.concatenate(parts).astype("<f4").tobytes()  # type: ignore[arg-type]
+
+
+def _align_corners(side: int, source_side: int) -> object:
+    """nemotron3_align_corners for every target index: where it samples the source grid."""
+    import numpy as np
+
+    if side <= 1:
+        return np.zeros(side)
+    return np.arange(side, dtype=np.float64) * (source_side - 1) / (side - 1)
+
+
+def _resample_positions(read: ReadAt, c: Compute) -> bytes:
+    """register_nemotron3_position_embedding (llama-ollama-compat.cpp): a square grid of
+    position embeddings resampled bilinearly (corners aligned, float weights as upstream)
+    to target_side x target_side, as F32 ggml [embedding, target_side^2]. `layout` tells
+    how the source holds (position, embedding): "ep" (embedding fastest) or "pe"."""
+    import numpy as np
+
+    ((offset, length),) = c.sources
+    src_type, n, layout, embedding, positions, source_side, target_side = c.params
+    src = _to_f32(read(offset, length), src_type, n)
+    grid = np.asarray(src, dtype=np.float32)
+    if layout == "ep":
+        grid = grid.reshape(positions, embedding)
+    else:
+        grid = grid.reshape(embedding, positions).T
+    grid = grid.reshape(source_side, source_side, embedding)
+
+    def axis(side: int) -> tuple[Any, Any, Any]:
+        where = _align_corners(side, source_side)
+        lo = np.floor(where).astype(np.int64)
+        hi = np.minimum(lo + 1, source_side - 1)
+        return lo, hi, (where - lo).astype(np.float32)
+
+    y0, y1, wy = axis(target_side)
+    x0, x1, wx = axis(target_side)
+    one = np.float32(1.0)
+    wx_, wy_ = wx[None, :, None], wy[:, None, None]
+    top = grid[y0][:, x0] * (one - wx_) + grid[y0][:, x1] * wx_
+    bottom = grid[y1][:, x0] * (one - wx_) + grid[y1][:, x1] * wx_
+    out = top * (one - wy_) + bottom * wy_  # [y, x, embedding]: embedding fastest
+    return out.astype("<f4").tobytes()
+
+
 def _zeros(read: ReadAt, c: Compute) -> bytes:
     """The zero-fill load op (mistral3's img_break)."""
     return bytes(c.nbytes)
@@ -81,6 +137,8 @@ OPS: dict[str, Callable[[ReadAt, Compute], bytes]] = {
     "f16_to_f32": _f16_to_f32,
     "add_one_f32": _add_one_f32,
     "patch_embed_slice": _patch_embed_slice,
+    "concat_to_f32": _concat_to_f32,
+    "resample_positions": _resample_positions,
     "zeros": _zeros,
 }
 # Ops made as literal header-side bytes by build_view, never cached (nothing to read).

@@ -12,6 +12,7 @@ names the upstream helper it follows.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
@@ -327,6 +328,17 @@ class Draft:
             "add_one_f32", ((src.offset, src.nbytes),), (src.ggml_type,), 4 * src.n_elements
         )
         t.ggml_type = GGML_F32
+
+    def concat_to_f32(self, names: list[str]) -> Compute | None:
+        """register_concat_load_to_f32: the sources, each made F32 from its own type, one
+        after another (None when one is missing or already computed, as upstream registers
+        nothing then)."""
+        ts = [self.tensors.get(n) for n in names]
+        if any(t is None or isinstance(t.data, Compute) or len(t.data) != 1 for t in ts):
+            return None
+        sources = tuple(t.data[0] for t in ts)  # type: ignore[union-attr,index]
+        params = tuple((t.ggml_type, math.prod(t.shape)) for t in ts)  # type: ignore[union-attr]
+        return Compute("concat_to_f32", sources, params, 4 * sum(n for _, n in params))
 
     def concat_ranges(self, names: list[str]) -> tuple[tuple[int, int], ...]:
         """register_concat_load: the sources' bytes one after another, as served ranges."""

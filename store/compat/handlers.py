@@ -6,8 +6,9 @@ the data those functions hold in code.
 Text handlers run in the order of upstream's `translate_metadata` dispatch, each on the
 architecture name as earlier handlers left it (gptoss renames itself to gpt-oss, so no later
 rule sees "gptoss"). Clip handlers run in the order of `translate_clip_metadata`, the first
-detector that matches wins. Architectures not ported yet are listed in NOT_PORTED; a file
-of one of those gets no view (it is served raw, as before).
+detector that matches wins; handle_missing_llava_projector_type runs before them, on a
+separate projector file. Handlers not ported yet would be listed in NOT_PORTED (none now); a
+file only such a handler reads gets no view (it is served raw).
 """
 
 from __future__ import annotations
@@ -531,10 +532,14 @@ QWEN35_CLIP_DEFAULTS_U32 = (
 )
 
 
-def merge_qkv(d: Draft, b: int) -> None:
+def merge_qkv(d: Draft, b: int, to_f32: bool = False) -> None:
     """register_qwen35moe_qkv_merge: vision block b's separate q, k, v (weights, and biases
     when present) become one attn_qkv, q's slot widened threefold along its slow axis, the
-    bytes q then k then v (served as ranges of the source). k and v are then orphans."""
+    bytes q then k then v (served as ranges of the source). k and v are then orphans.
+
+    With `to_f32` (handle_qwen3vl_clip's loop), each part is made F32 from its own type
+    first (register_concat_load_to_f32: Qwen3-VL files mix F16 q/k with a Q8_0 v), so the
+    merged tensor is F32 and computed on first read."""
     for part in ("weight", "bias"):
         names = [f"v.blk.{b}.attn_{x}.{part}" for x in "qkv"]
         ts = [d.tensor(n) for n in names]
@@ -545,11 +550,18 @@ def merge_qkv(d: Draft, b: int) -> None:
         if any(t is None or t.computed for t in ts):
             d.notes.append(f"v.blk.{b}: attn q/k/v {part} incomplete; not merged")
             continue
-        ranges = d.concat_ranges(names)
+        if any(t.shape != ts[0].shape for t in ts):  # type: ignore[union-attr]
+            d.notes.append(f"v.blk.{b}: attn q/k/v {part} differ in shape; not merged")
+            continue
+        data = d.concat_to_f32(names) if to_f32 else d.concat_ranges(names)
+        if data is None:
+            continue
         dest = f"v.blk.{b}.attn_qkv.{part}"
         d.rename_tensor(names[0], dest)
         t = d.tensors[dest]
-        t.data = ranges
+        t.data = data
+        if to_f32:
+            t.ggml_type = GGML_F32
         axis = 1 if part == "weight" else 0  # the slow axis
         t.shape = tuple(n * 3 if i == axis else n for i, n in enumerate(t.shape))
         for orphan in names[1:]:
@@ -1100,6 +1112,173 @@ def handle_qwen3vl(d: Draft) -> None:
         d.add_skip_prefix(prefix)
 
 
+# handle_qwen25vl_clip: qwen25vl.* -> clip.vision.* (u32 unless marked f32).
+QWEN25VL_CLIP_COPIES = (
+    ("qwen25vl.vision.attention.head_count", "clip.vision.attention.head_count", T_UINT32),
+    (
+        "qwen25vl.vision.attention.layer_norm_epsilon",
+        "clip.vision.attention.layer_norm_epsilon",
+        T_FLOAT32,
+    ),
+    ("qwen25vl.vision.block_count", "clip.vision.block_count", T_UINT32),
+    ("qwen25vl.vision.embedding_length", "clip.vision.embedding_length", T_UINT32),
+    ("qwen25vl.vision.num_channels", "clip.vision.num_channels", T_UINT32),
+    ("qwen25vl.vision.patch_size", "clip.vision.patch_size", T_UINT32),
+    ("qwen25vl.vision.spatial_merge_size", "clip.vision.spatial_merge_size", T_UINT32),
+    ("qwen25vl.vision.window_size", "clip.vision.window_size", T_UINT32),
+    ("qwen25vl.embedding_length", "clip.vision.projection_dim", T_UINT32),
+)
+# handle_qwen25vl_clip: exact renames (the merger and the two-frame patch embedding).
+QWEN25VL_CLIP_RENAMES = (
+    ("v.merger.ln_q.weight", "v.post_ln.weight"),
+    ("v.merger.mlp.0.weight", "mm.0.weight"),
+    ("v.merger.mlp.0.bias", "mm.0.bias"),
+    ("v.merger.mlp.2.weight", "mm.2.weight"),
+    ("v.merger.mlp.2.bias", "mm.2.bias"),
+    ("v.patch_embd_0.weight", "v.patch_embd.weight"),
+    ("v.patch_embd_1.weight", "v.patch_embd.weight.1"),
+)
+# CLIP's image statistics (handle_qwen25vl_clip, handle_nemotron_h_omni_clip write them to
+# a float's precision; so do these).
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+def handle_qwen25vl_clip(d: Draft) -> None:
+    """handle_qwen25vl_clip: the Qwen2.5-VL vision tower and merger of a monolithic
+    qwen25vl GGUF (qwen2.5vl_merger)."""
+    for src, dst, vtype in QWEN25VL_CLIP_COPIES:
+        d.copy_kv(src, dst, vtype)
+    up = d.tensor("v.blk.0.ffn_up.weight")
+    if not d.has_key("clip.vision.feed_forward_length") and up is not None and len(up.shape) > 1:
+        d.set_u32("clip.vision.feed_forward_length", up.shape[1])
+    # Window attention repeats every fullatt_block_indexes[0] + 1 blocks (as llama.cpp's
+    # Qwen2.5-VL converter writes it); upstream reads the array as int32.
+    full = d.array_items("qwen25vl.vision.fullatt_block_indexes")
+    if full:
+        d.set_u32("clip.vision.n_wa_pattern", (_i32(full[0]) + 1) & 0xFFFFFFFF)
+    d.inject_u32("clip.vision.n_wa_pattern", 8)
+    d.inject_u32("clip.vision.image_size", 560)  # Qwen2VLVisionModel's default
+    d.inject_f32_array("clip.vision.image_mean", CLIP_MEAN)
+    d.inject_f32_array("clip.vision.image_std", CLIP_STD)
+    d.inject_bool("clip.has_vision_encoder", True)
+    d.inject_bool("clip.use_silu", True)
+    d.set_str("clip.projector_type", "qwen2.5vl_merger")
+    d.set_str("general.architecture", "clip")
+    for old, new in QWEN25VL_CLIP_RENAMES:
+        d.rename_tensor(old, new)
+    d.promote_to_f32("v.patch_embd.weight")
+    d.promote_to_f32("v.patch_embd.weight.1")
+
+
+def detect_qwen3vl(d: Draft) -> bool:
+    """detect_ollama_qwen3vl: either Qwen3-VL architecture, without rope.dimension_sections."""
+    return any(_detect_qwen3vl(arch)(d) for arch in ("qwen3vl", "qwen3vlmoe"))
+
+
+# handle_qwen3vl_clip: <arch><suffix> -> clip.vision.* (u32 unless marked f32).
+QWEN3VL_CLIP_COPIES = (
+    (".vision.attention.head_count", "clip.vision.attention.head_count", T_UINT32),
+    (
+        ".vision.attention.layer_norm_epsilon",
+        "clip.vision.attention.layer_norm_epsilon",
+        T_FLOAT32,
+    ),
+    (".vision.block_count", "clip.vision.block_count", T_UINT32),
+    (".vision.embedding_length", "clip.vision.embedding_length", T_UINT32),
+    (".vision.num_channels", "clip.vision.num_channels", T_UINT32),
+    (".vision.patch_size", "clip.vision.patch_size", T_UINT32),
+    (".vision.spatial_merge_size", "clip.vision.spatial_merge_size", T_UINT32),
+    (".vision.temporal_patch_size", "clip.vision.temporal_patch_size", T_UINT32),
+    (".vision.rope.freq_base", "clip.vision.rope.freq_base", T_FLOAT32),
+    (".embedding_length", "clip.vision.projection_dim", T_UINT32),
+)
+# handle_qwen3vl_clip: exact renames of the merger, patch bias and position embedding; they
+# run before the block-leaf substring renames so `.linear_fc1` only matches inside blocks.
+QWEN3VL_CLIP_RENAMES = (
+    ("v.merger.norm.weight", "v.post_ln.weight"),
+    ("v.merger.norm.bias", "v.post_ln.bias"),
+    ("v.merger.linear_fc1.weight", "mm.0.weight"),
+    ("v.merger.linear_fc1.bias", "mm.0.bias"),
+    ("v.merger.linear_fc2.weight", "mm.2.weight"),
+    ("v.merger.linear_fc2.bias", "mm.2.bias"),
+    ("v.patch_embed.bias", "v.patch_embd.bias"),
+    ("v.pos_embed.weight", "v.position_embd.weight"),
+)
+# handle_qwen3vl_clip: deepstack adapter leaves, v.deepstack_merger.X.<from> ->
+# v.deepstack.<layer>.<to>.
+QWEN3VL_DEEPSTACK_LEAVES = (("norm", "norm"), ("linear_fc1", "fc1"), ("linear_fc2", "fc2"))
+QWEN3VL_CLIP_BLOCK_RENAMES = (
+    (".norm1", ".ln1"),
+    (".norm2", ".ln2"),
+    (".mlp.linear_fc1", ".ffn_up"),
+    (".mlp.linear_fc2", ".ffn_down"),
+)
+
+
+def handle_qwen3vl_clip(d: Draft) -> None:
+    """handle_qwen3vl_clip: the Qwen3-VL vision tower, deepstack adapters and merger of a
+    monolithic qwen3vl / qwen3vlmoe GGUF (qwen3vl_merger)."""
+    arch = d.arch
+    for suffix, dst, vtype in QWEN3VL_CLIP_COPIES:
+        d.copy_kv(arch + suffix, dst, vtype)
+    d.inject_u32("clip.vision.num_channels", 3)
+    d.inject_u32("clip.vision.temporal_patch_size", 2)
+    d.inject_f32("clip.vision.rope.freq_base", 10_000.0)
+    fc1 = d.tensor("v.blk.0.mlp.linear_fc1.weight")
+    if not d.has_key("clip.vision.feed_forward_length") and fc1 is not None and len(fc1.shape) > 1:
+        d.set_u32("clip.vision.feed_forward_length", fc1.shape[1])
+    # image_size: the side of the square position grid, in pixels.
+    pos = d.tensor("v.pos_embed.weight")
+    patch = d.u32_value(arch + ".vision.patch_size")
+    if not d.has_key("clip.vision.image_size") and pos is not None and patch is not None:
+        positions = pos.shape[1] if len(pos.shape) > 1 else 1
+        d.set_u32("clip.vision.image_size", (math.isqrt(positions) * patch) & 0xFFFFFFFF)
+    d.copy_kv(arch + ".vision.image_mean", "clip.vision.image_mean")
+    d.copy_kv(arch + ".vision.image_std", "clip.vision.image_std")
+    d.copy_kv(arch + ".vision.shortest_edge", "clip.vision.image_min_pixels", T_UINT32)
+    d.copy_kv(arch + ".vision.longest_edge", "clip.vision.image_max_pixels", T_UINT32)
+    d.inject_u32("clip.vision.image_min_pixels", 65536)
+    d.inject_u32("clip.vision.image_max_pixels", 16777216)
+    d.inject_f32_array("clip.vision.image_mean", (0.5, 0.5, 0.5))
+    d.inject_f32_array("clip.vision.image_std", (0.5, 0.5, 0.5))
+    # Deepstack indexes are read as int32, whatever their stored type.
+    indexes = [_i32(v) for v in d.array_items(arch + ".vision.deepstack_visual_indexes") or []]
+    if not d.has_key("clip.vision.is_deepstack_layers"):
+        n_layers = d.u32_value("clip.vision.block_count") or 0
+        mask = [False] * n_layers
+        for i in indexes:
+            if 0 <= i < n_layers:
+                mask[i] = True
+        if mask:
+            d.set("clip.vision.is_deepstack_layers", T_ARRAY, mask, T_BOOL)
+    d.inject_bool("clip.has_vision_encoder", True)
+    d.inject_bool("clip.use_gelu", True)
+    d.set_str("clip.projector_type", "qwen3vl_merger")
+    d.set_str("general.architecture", "clip")
+    # QKV merged in F32, then the patch split (which takes blk.0's orphaned attn_k slot),
+    # both finding their sources by name: before any rename.
+    n_blocks = d.u32_value("clip.vision.block_count")
+    for b in range(27 if n_blocks is None else n_blocks):
+        merge_qkv(d, b, to_f32=True)
+    channels = d.u32_value(arch + ".vision.num_channels")  # register_qwen3vl_patch_embed_split
+    split_patch_embed(d, 3 if channels is None else channels)
+    if d.tensor("v.blk.0.attn_qkv.weight") is not None:
+        d.drop_tensor("v.blk.0.attn_k.weight")  # merged, and not reclaimed
+    for old, new in QWEN3VL_CLIP_RENAMES:
+        d.rename_tensor(old, new)
+    for i, layer in enumerate(indexes):
+        for leaf_from, leaf_to in QWEN3VL_DEEPSTACK_LEAVES:
+            for suffix in ("weight", "bias"):
+                d.rename_tensor(
+                    f"v.deepstack_merger.{i}.{leaf_from}.{suffix}",
+                    f"v.deepstack.{layer}.{leaf_to}.{suffix}",
+                )
+    for needle, replacement in QWEN3VL_CLIP_BLOCK_RENAMES:
+        d.rename_tensors_containing(needle, replacement)
+    d.promote_to_f32("v.position_embd.weight")  # resized at run time: precision matters
+
+
 detect_glm4moelite = Markers("glm4moelite", always=True)  # detect_ollama_glm4moelite
 
 
@@ -1165,6 +1344,70 @@ def handle_deepseekocr(d: Draft) -> None:
         d.add_skip_prefix(prefix)
 
 
+# handle_deepseekocr_clip: deepseekocr.* -> clip.vision.* (u32).
+DEEPSEEKOCR_CLIP_COPIES = (
+    ("deepseekocr.vision.block_count", "clip.vision.block_count"),
+    ("deepseekocr.vision.embedding_length", "clip.vision.embedding_length"),
+    ("deepseekocr.vision.head_count", "clip.vision.attention.head_count"),
+    ("deepseekocr.vision.image_size", "clip.vision.image_size"),
+    ("deepseekocr.vision.patch_size", "clip.vision.patch_size"),
+    ("deepseekocr.sam.block_count", "clip.vision.sam.block_count"),
+    ("deepseekocr.sam.embedding_length", "clip.vision.sam.embedding_length"),
+    ("deepseekocr.sam.head_count", "clip.vision.sam.head_count"),
+)
+# handle_deepseekocr_clip: defaults of llama.cpp's reference DeepSeek-OCR mmproj.
+DEEPSEEKOCR_CLIP_DEFAULTS_U32 = (
+    ("clip.vision.feed_forward_length", 64),
+    ("clip.vision.projection_dim", 1280),
+    ("clip.vision.projector.scale_factor", 1),
+    ("clip.vision.window_size", 14),
+)
+# kDeepseekocrClipRenames: substring renames, in this order, first occurrence each: CLIP
+# block leaves, SAM block leaves (once under v.sam.), then the projector.
+DEEPSEEKOCR_CLIP_RENAMES = (
+    (".self_attn.out_proj", ".attn_out"),
+    (".self_attn.qkv_proj", ".attn_qkv"),
+    (".layer_norm1", ".ln1"),
+    (".layer_norm2", ".ln2"),
+    (".mlp.fc1", ".ffn_up"),
+    (".mlp.fc2", ".ffn_down"),
+    ("v.pre_layrnorm", "v.pre_ln"),  # sic: the published spelling
+    (".attn.proj", ".attn.out"),
+    (".attn.rel_pos_h", ".attn.pos_h.weight"),
+    (".attn.rel_pos_w", ".attn.pos_w.weight"),
+    (".norm1", ".pre_ln"),
+    (".norm2", ".post_ln"),
+    ("mm.layers", "mm.model.fc"),
+    ("mm.image_newline", "v.image_newline"),
+    ("mm.view_seperator", "v.view_seperator"),  # sic: llama.cpp's name
+)
+
+
+def handle_deepseekocr_clip(d: Draft) -> None:
+    """handle_deepseekocr_clip: the SAM encoder (s.), CLIP encoder (v.) and projector (mm.)
+    of a monolithic deepseekocr GGUF as one deepseekocr mmproj."""
+    for src, dst in DEEPSEEKOCR_CLIP_COPIES:
+        d.copy_kv(src, dst, T_UINT32)
+    for key, value in DEEPSEEKOCR_CLIP_DEFAULTS_U32:
+        d.inject_u32(key, value)
+    d.inject_f32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+    d.inject_f32_array("clip.vision.image_mean", (0.5, 0.5, 0.5))
+    d.inject_f32_array("clip.vision.image_std", (0.5, 0.5, 0.5))
+    d.inject_bool("clip.has_vision_encoder", True)
+    d.inject_bool("clip.use_gelu", True)
+    d.set_str("clip.projector_type", "deepseekocr")
+    d.set_str("general.architecture", "clip")
+    # SAM moves under v.sam. by its leading "s." only (a substring rename would also hit
+    # names like mm.layers.weight).
+    for name in [n for n in d.tensors if n.startswith("s.")]:
+        d.rename_tensor(name, "v.sam." + name[2:])
+    d.rename_tensor("v.sam.position_embd", "v.sam.pos_embd.weight")  # no .weight suffix
+    for needle, replacement in DEEPSEEKOCR_CLIP_RENAMES:
+        d.rename_tensors_containing(needle, replacement)
+    for name in ("v.patch_embd.weight", "v.sam.patch_embd.weight", "v.position_embd.weight"):
+        d.promote_to_f32(name)
+
+
 # --------------------------------------------------------------------------------------
 # nemotron_h_omni, nemotron_h_moe, llama (Llama 3 markers), glmocr
 # --------------------------------------------------------------------------------------
@@ -1189,6 +1432,159 @@ def handle_nemotron_h_omni(d: Draft) -> None:
         d.add_skip_prefix(prefix)
     if text_arch == "nemotron_h_moe" and detect_nemotron_h_moe(d):
         handle_nemotron_h_moe(d)
+
+
+# handle_nemotron_h_omni_clip: nemotron_h_omni.* -> clip.vision.* (typed copies: u32
+# unless marked f32; None keeps the source's type, arrays included).
+NEMOTRON_OMNI_CLIP_COPIES = (
+    ("vision.block_count", "block_count", T_UINT32),
+    ("vision.embedding_length", "embedding_length", T_UINT32),
+    ("vision.feed_forward_length", "feed_forward_length", T_UINT32),
+    ("vision.attention.head_count", "attention.head_count", T_UINT32),
+    ("vision.attention.layer_norm_epsilon", "attention.layer_norm_epsilon", T_FLOAT32),
+    ("vision.patch_size", "patch_size", T_UINT32),
+    ("vision.image_size", "image_size", T_UINT32),
+    ("vision.num_channels", "num_channels", T_UINT32),
+    ("vision.projector.scale_factor", "projector.scale_factor", T_UINT32),
+    ("embedding_length", "projection_dim", T_UINT32),
+    ("vision.image_mean", "image_mean", None),
+    ("vision.image_std", "image_std", None),
+    ("vision.image_token_id", "image_token_id", None),
+    ("vision.image_start_token_id", "image_start_token_id", None),
+    ("vision.image_end_token_id", "image_end_token_id", None),
+    ("vision.max_tiles", "max_tiles", None),
+    ("vision.min_num_patches", "min_num_patches", None),
+    ("vision.max_num_patches", "max_num_patches", None),
+)
+# handle_nemotron_h_omni_clip: the projector MLP under the names nemotron_v2_vl reads.
+NEMOTRON_OMNI_CLIP_RENAMES = (
+    ("mm.norm.weight", "mm.model.mlp.0.weight"),
+    ("mm.1.weight", "mm.model.mlp.1.weight"),
+    ("mm.2.weight", "mm.model.mlp.3.weight"),
+)
+
+
+def _dims(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape as ggml_n_dims sees it: trailing 1s dropped (at least one dimension)."""
+    n = len(shape)
+    while n > 1 and shape[n - 1] == 1:
+        n -= 1
+    return shape[:n]
+
+
+def _square_side(n: int) -> int:
+    """nemotron3_square_side: the side of an n-position square grid, else 0."""
+    side = math.isqrt(n)
+    return side if side * side == n else 0
+
+
+def _position_layout(shape: tuple[int, ...]) -> tuple[int, int, str] | None:
+    """nemotron3_position_layout: (embedding, positions, which index runs fastest) of a
+    position embedding held as [E, P], [P, E], [1, P, E] or [E, P, 1] (ggml order)."""
+    if len(shape) == 2:
+        if _square_side(shape[1]):
+            return shape[0], shape[1], "ep"
+        if _square_side(shape[0]):
+            return shape[1], shape[0], "pe"
+    elif len(shape) == 3:
+        if shape[0] == 1 and _square_side(shape[1]):
+            return shape[2], shape[1], "ep"  # read embedding-fastest, as upstream does
+        if shape[2] == 1 and _square_side(shape[1]):
+            return shape[0], shape[1], "pe"
+    return None
+
+
+def _nemotron_positions(d: Draft, embedding: int, target_side: int) -> None:
+    """register_nemotron3_position_embedding: the square grid of position embeddings
+    resampled to the grid the configured image size makes, as F32 [E, side^2]; computed
+    on first read. The source may lack the .weight suffix."""
+    bare = d.tensor("v.position_embd") is not None
+    name = "v.position_embd" if bare else "v.position_embd.weight"
+    t = d.tensor(name)
+    if t is None or target_side == 0 or isinstance(t.data, Compute) or len(t.data) != 1:
+        return
+    shape = _dims(t.shape)
+    layout = _position_layout(shape)
+    if layout is None:
+        return
+    found, positions, order = layout
+    embedding = embedding or found
+    source_side = _square_side(positions)
+    if embedding == 0 or source_side == 0:
+        return
+    # Upstream reads a 2-D grid embedding-fastest only when its first axis is the
+    # configured width; a width that disagrees with the tensor fails its load.
+    if len(shape) == 2:
+        order = "ep" if shape[0] == embedding else "pe"
+    n = math.prod(t.shape)
+    if n != embedding * positions:
+        d.notes.append(f"{name}: {shape} does not hold {embedding}-wide embeddings; left as is")
+        return
+    resampled = Compute(
+        "resample_positions",
+        t.data,  # type: ignore[arg-type]
+        (t.ggml_type, n, order, embedding, positions, source_side, target_side),
+        4 * embedding * target_side * target_side,
+    )
+    if name != "v.position_embd.weight":
+        d.rename_tensor(name, "v.position_embd.weight")
+    d.set_shape("v.position_embd.weight", (embedding, target_side * target_side), GGML_F32)
+    t.data = resampled
+
+
+def _nemotron_patch_embd(d: Draft, patch: int, channels: int, embedding: int) -> None:
+    """register_nemotron3_patch_embedding: the flat [patch*patch*channels, E] kernel as the
+    conv weight [patch, patch, channels, E] in F32. The element order is already the
+    destination's, so only the type changes (an F32 source is served as it is)."""
+    t = d.tensor("v.patch_embd.weight")
+    if t is None or t.computed or not (patch and channels and embedding):
+        return
+    if _dims(t.shape) != (patch * patch * channels, embedding):
+        return
+    data = t.data if t.ggml_type == GGML_F32 else d.concat_to_f32([t.name])
+    if data is None:
+        return
+    d.set_shape(t.name, (patch, patch, channels, embedding), GGML_F32)
+    t.data = data
+
+
+def handle_nemotron_h_omni_clip(d: Draft) -> None:
+    """handle_nemotron_h_omni_clip: the vision encoder and projector of a monolithic
+    nemotron_h_omni GGUF (nemotron_v2_vl). Audio stays off, as upstream has it."""
+    d.set_str("general.architecture", "clip")
+    for src, dst, vtype in NEMOTRON_OMNI_CLIP_COPIES:
+        d.copy_kv("nemotron_h_omni." + src, "clip.vision." + dst, vtype)
+
+    def u32(key: str, fallback: int) -> int:  # read_u32_kv
+        value = d.u32_value(key)
+        return fallback if value is None else value
+
+    image_size = u32("clip.vision.image_size", 512)
+    patch = u32("clip.vision.patch_size", 16)
+    embedding = u32("clip.vision.embedding_length", 1280)
+    channels = u32("clip.vision.num_channels", 3)
+    target_side = image_size // patch if patch else 0
+    d.inject_u32("clip.vision.block_count", 32)
+    d.inject_u32("clip.vision.embedding_length", embedding)
+    d.inject_u32("clip.vision.feed_forward_length", (embedding * 4) & 0xFFFFFFFF)
+    d.inject_u32("clip.vision.attention.head_count", 16)
+    d.inject_f32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+    d.inject_u32("clip.vision.patch_size", patch)
+    d.inject_u32("clip.vision.image_size", image_size)
+    d.inject_u32("clip.vision.num_channels", channels)
+    d.inject_u32("clip.vision.projector.scale_factor", 2)
+    d.inject_f32_array("clip.vision.image_mean", CLIP_MEAN)
+    d.inject_f32_array("clip.vision.image_std", CLIP_STD)
+    d.inject_bool("clip.has_vision_encoder", True)
+    d.set_str("clip.vision.projector_type", "nemotron_v2_vl")
+    d.inject_bool("clip.use_gelu", True)
+    d.set("clip.has_audio_encoder", T_BOOL, False)
+    d.rename_tensor("v.cls_embd", "v.class_embd")
+    d.promote_to_f32("v.class_embd")
+    _nemotron_positions(d, embedding, target_side)
+    _nemotron_patch_embd(d, patch, channels, embedding)
+    for old, new in NEMOTRON_OMNI_CLIP_RENAMES:
+        d.rename_tensor(old, new)
 
 
 # detect_ollama_nemotron_h_moe: latent-FFN tensors under Ollama's names, or MTP tensors.
@@ -1295,6 +1691,47 @@ def _glm4_ffn_concat(d: Draft, b: int) -> None:
     up.shape = (up.shape[0], up.shape[1] * 2, *up.shape[2:])
 
 
+# handle_glmocr_clip: glmocr.vision.* -> clip.vision.* (u32 unless marked f32).
+GLMOCR_CLIP_COPIES = (
+    ("glmocr.vision.block_count", "clip.vision.block_count", T_UINT32),
+    ("glmocr.vision.embedding_length", "clip.vision.embedding_length", T_UINT32),
+    ("glmocr.vision.intermediate_size", "clip.vision.feed_forward_length", T_UINT32),
+    ("glmocr.vision.attention.head_count", "clip.vision.attention.head_count", T_UINT32),
+    (
+        "glmocr.vision.attention.layer_norm_rms_epsilon",
+        "clip.vision.attention.layer_norm_epsilon",
+        T_FLOAT32,
+    ),
+    ("glmocr.vision.image_size", "clip.vision.image_size", T_UINT32),
+    ("glmocr.vision.patch_size", "clip.vision.patch_size", T_UINT32),
+    ("glmocr.vision.spatial_merge_size", "clip.vision.spatial_merge_size", T_UINT32),
+    ("glmocr.vision.out_hidden_size", "clip.vision.projection_dim", T_UINT32),
+)
+
+
+def handle_glmocr_clip(d: Draft) -> None:
+    """handle_glmocr_clip: the GLM4V vision tower and projector of a monolithic glmocr
+    GGUF; its tensor names already match, but for the two-frame patch embedding."""
+    for src, dst, vtype in GLMOCR_CLIP_COPIES:
+        d.copy_kv(src, dst, vtype)
+    # The file's own image statistics, as F32 arrays (upstream writes the raw items as
+    # F32; for an array of F32, the copy).
+    for stat in ("image_mean", "image_std"):
+        item = d.kv.get(f"glmocr.vision.{stat}")
+        if item is not None and item.vtype == T_ARRAY and item.item_type == T_FLOAT32:
+            d.copy_kv(f"glmocr.vision.{stat}", f"clip.vision.{stat}")
+        elif item is not None:
+            d.notes.append(f"glmocr.vision.{stat} is not an F32 array; not copied")
+    d.inject_bool("clip.has_vision_encoder", True)
+    d.inject_bool("clip.use_silu", True)
+    d.set_str("clip.projector_type", "glm4v")
+    d.set_str("general.architecture", "clip")
+    d.rename_tensor("v.patch_embd_0.weight", "v.patch_embd.weight")
+    d.rename_tensor("v.patch_embd_1.weight", "v.patch_embd.weight.1")
+    d.promote_to_f32("v.patch_embd.weight")
+    d.promote_to_f32("v.patch_embd.weight.1")
+
+
 # --------------------------------------------------------------------------------------
 # dispatch
 # --------------------------------------------------------------------------------------
@@ -1314,6 +1751,7 @@ class ClipRule:
     detect: Callable[[Draft], bool]
     handle: Callable[[Draft], None]
     keep: tuple[str, ...]  # tensor prefixes the clip loader reads
+    skip: tuple[str, ...] = ()  # ... but not these
 
 
 # translate_metadata, in its order. A rule applies to the architecture as earlier rules
@@ -1357,18 +1795,59 @@ CLIP_RULES: tuple[ClipRule, ...] = (
     ClipRule("handle_qwen35moe_clip", detect_qwen35moe, handle_qwen35moe_clip, VISION_PREFIXES),
     ClipRule("handle_qwen35_clip", detect_qwen35, handle_qwen35_clip, VISION_PREFIXES),
     ClipRule("handle_mistral3_clip", detect_mistral3, handle_mistral3_clip, VISION_PREFIXES),
-    # (handle_deepseekocr_clip, handle_nemotron_h_omni_clip: not ported; their detectors
-    # pin other architectures, so no file falls through to a later rule)
+    # SAM (s.) is renamed under v.sam. before the view keeps what the loader reads.
+    ClipRule(
+        "handle_deepseekocr_clip", detect_deepseekocr, handle_deepseekocr_clip, VISION_PREFIXES
+    ),
+    # Audio stays off (clip.has_audio_encoder = false): its a. and mm.a. tensors, which
+    # upstream leaves unread in the clip context, are left out of the view.
+    ClipRule(
+        "handle_nemotron_h_omni_clip",
+        detect_nemotron_h_omni,
+        handle_nemotron_h_omni_clip,
+        VISION_PREFIXES,
+        skip=("mm.a.",),
+    ),
     ClipRule("handle_llama4_clip", detect_llama4, handle_llama4_clip, VISION_PREFIXES),
     ClipRule("handle_gemma4_clip", detect_gemma4, handle_gemma4_clip, (*VISION_PREFIXES, "a.")),
-    # (handle_glmocr_clip, handle_qwen25vl_clip, handle_qwen3vl_clip: not ported)
+    ClipRule("handle_glmocr_clip", detect_glmocr, handle_glmocr_clip, VISION_PREFIXES),
+    ClipRule("handle_qwen25vl_clip", detect_qwen25vl, handle_qwen25vl_clip, VISION_PREFIXES),
+    ClipRule("handle_qwen3vl_clip", detect_qwen3vl, handle_qwen3vl_clip, VISION_PREFIXES),
+)
+
+
+def detect_llava_without_type(d: Draft) -> bool:
+    """needs_default_llava_projector_type: a clip file with a vision encoder and neither
+    clip.projector_type nor clip.vision.projector_type (LLaVA / BakLLaVA projectors)."""
+    has_vision = d.kv.get("clip.has_vision_encoder")
+    return (
+        d.string_equals("general.architecture", "clip")
+        and has_vision is not None
+        and has_vision.vtype == T_BOOL
+        and bool(has_vision.value)
+        and not d.has_key("clip.projector_type")
+        and not d.has_key("clip.vision.projector_type")
+    )
+
+
+def handle_llava_without_type(d: Draft) -> None:
+    """handle_missing_llava_projector_type: such a projector is LLaVA's two-layer MLP."""
+    d.set_str("clip.projector_type", "mlp")
+
+
+# handle_missing_llava_projector_type runs before every other clip rule and before the
+# check for v. tensors; it needs general.architecture "clip", which no other rule's
+# detector takes, so at most one rule applies to a file. The view keeps every tensor.
+LLAVA_RULE = ClipRule(
+    "handle_missing_llava_projector_type",
+    detect_llava_without_type,
+    handle_llava_without_type,
+    ("",),
 )
 
 # Upstream handlers not ported yet: a file only they would translate gets no view (text)
-# or no mmproj view (clip).
-NOT_PORTED = (
-    "clip: deepseekocr, nemotron_h_omni, glmocr, qwen25vl, qwen3vl, llava without projector type",
-)
+# or no mmproj view (clip). Every one is ported now.
+NOT_PORTED: tuple[str, ...] = ()
 
 # Architectures some text rule starts from: anything else cannot need a view.
 TEXT_ARCHES = frozenset(r.arch for r in TEXT_RULES)
@@ -1386,7 +1865,12 @@ def translate_text(d: Draft) -> bool:
 
 
 def translate_clip(d: Draft) -> ClipRule | None:
-    """Run the first matching clip rule (translate_clip_metadata) on a fresh draft."""
+    """Run the first matching clip rule (translate_clip_metadata) on a fresh draft: of a
+    monolithic GGUF, or of a separate projector file."""
+    if LLAVA_RULE.detect(d):
+        LLAVA_RULE.handle(d)
+        d.handler = LLAVA_RULE.name
+        return LLAVA_RULE
     if not d.any_tensor_with_prefix("v."):
         return None
     for rule in CLIP_RULES:
