@@ -151,7 +151,10 @@ def _replay(records: Iterable[Change]) -> tuple[list[Change], dict[tuple[str, ..
     for record in records:
         key = record.name.key
         last = latest.get(key)
-        if (last.new if last else None) == record.new:
+        # What the name pointed at before this record: the previous record's word, or (its
+        # earlier records pruned) this record's own `old`.
+        before = last.new if last is not None else record.old
+        if before == record.new:
             continue  # the state already says so: a repeat
         kept.append(record)
         latest[key] = record
@@ -207,6 +210,8 @@ class TagHistory:
         self.manifests_dir = self.dir / "manifests"
         self.configs_dir = self.dir / "configs"
         self.host = host or host_id()
+        self._lock: LockFile | None = None  # held by this thread, inside `_locked`
+        self._lock_beat = 0.0
         self.lock_wait = lock_wait
         self._mutex = threading.Lock()
         self._parsed: dict[Digest, Manifest | ManifestList | None] = {}
@@ -242,6 +247,7 @@ class TagHistory:
             self._save(wanted)
             self._save_configs(configs)
             if changes:
+                self._keep_lock(now=True)
                 self._append(changes)
             return changes
 
@@ -293,6 +299,7 @@ class TagHistory:
             anchors = {id(r) for r in latest.values() if r.new is not None}
             keep = [r for r in records if now - r.time < retention or id(r) in anchors]
             if len(keep) != len(lines):
+                self._keep_lock(now=True)
                 self._rewrite(keep)
             wanted: set[Digest] = set()
             for record in latest.values():
@@ -392,10 +399,21 @@ class TagHistory:
                 if time.monotonic() >= deadline:
                     raise
                 time.sleep(0.05)
+        self._lock, self._lock_beat = lock, time.monotonic()
         try:
             yield
         finally:
+            self._lock = None
             lock.release()
+
+    def _keep_lock(self, *, now: bool = False) -> None:
+        """Refresh the lock during long writes (thousands of tags on NFS); LockLostError when
+        another host judged us dead and took it, before we write anything more."""
+        if self._lock is None:
+            return
+        if now or time.monotonic() - self._lock_beat > LOCK_STALE / 4:
+            self._lock.refresh()
+            self._lock_beat = time.monotonic()
 
     def _read_lines(self) -> list[bytes]:
         try:
@@ -440,6 +458,7 @@ class TagHistory:
         self._write_file(self.log_path, body)
 
     def _write_file(self, target: Path, data: bytes) -> None:
+        self._keep_lock()
         tmp = target.with_name(f".tmp-{secrets.token_hex(6)}-{target.name}")
         try:
             with open(tmp, "wb") as f:

@@ -2,7 +2,7 @@
 
     check_blob(path, cached, quick=...) -> BlobCheck      one blob, in one pass over its bytes
     VerifyCache.load(layout) / .save()                     `<store>/.modelfs/verify/cache.json`
-    quarantine_blob(layout, name, ino) -> Path             out of `blobs/`, by rename
+    quarantine_blob(layout, name, key) -> Path             out of `blobs/`, by rename
 
 A full check reads a blob once and feeds every chunk to sha256 and to xxh3-128; the xxh3 is
 recorded in the cache under the blob's name with the file's inode, size and mtime. A quick
@@ -139,6 +139,8 @@ class BlobCheck:
     xxh3_only: bool = False  # a quick check that needed no sha256
     bytes_read: int = 0
     entry: CacheEntry | None = None  # the cache entry to keep for this blob (None: drop it)
+    quarantined: Path | None = None  # where a corrupt blob went, right after its check
+    quarantine_error: str | None = None
 
 
 def check_blob(
@@ -278,15 +280,16 @@ class VerifyCache:
 
 
 # -- quarantine --------------------------------------------------------------------------------
-def quarantine_blob(layout: Layout, name: str, ino: int | None = None) -> Path:
+def quarantine_blob(layout: Layout, name: str, key: FileKey | None = None) -> Path:
     """Move `blobs/<name>` to `.modelfs/quarantine/<name>` by rename (same filesystem, so no
     byte is copied and no reader of the old file is disturbed). A file already there under that
     name is kept: the new one gets a `.<UTC time>[-N]` suffix. With `ino`, the blob is moved
-    only if it is still that file (not a good copy renamed over it since it was checked).
+    only if it is still that file, unchanged (not a good copy renamed over it or restored into
+    it since it was checked).
     Raises OSError (read-only store, EXDEV, …) and FileNotFoundError (it is gone)."""
     src = layout.blobs / name
-    if ino is not None and os.lstat(src).st_ino != ino:
-        raise FileNotFoundError(f"{src} was replaced since it was checked")
+    if key is not None and FileKey.of(os.lstat(src)) != key:
+        raise FileNotFoundError(f"{src} was replaced or rewritten since it was checked")
     make_dirs(layout.quarantine, layout.root)
     dst = layout.quarantine / name
     n = 0

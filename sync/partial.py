@@ -39,7 +39,7 @@ from store.digest import Digest
 from store.errors import LockBusyError
 from store.layout import Layout
 from store.lockfile import LockFile
-from store.owner import make_dirs
+from store.owner import adopt, make_dirs
 
 log = logging.getLogger(__name__)
 
@@ -288,6 +288,9 @@ class PartialBlob:
         with contextlib.suppress(FileNotFoundError):
             self.sidecar.unlink()
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        # An interrupted fetch is resumed by whoever runs next (the daemon as the store's
+        # owner, after root's `modelfs pull`): the file must be theirs to open.
+        adopt(self.path, self.layout.root)
         try:
             if self.size:
                 try:
@@ -357,6 +360,7 @@ class PartialBlob:
                 f.write(body)
                 f.flush()
                 os.fsync(f.fileno())
+            adopt(tmp, self.layout.root)
             os.replace(tmp, self.sidecar)
             self._saved = RangeSet(done.as_list())
             self.heartbeat()

@@ -25,7 +25,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -38,6 +38,7 @@ from store.reach import reachable
 from store.scan import scan_store
 from store.verify import (
     BlobCheck,
+    CacheEntry,
     VerifyCache,
     check_blob,
     drop_quarantined,
@@ -80,6 +81,25 @@ def _list_blobs(layout: Layout) -> list[tuple[str, int]]:
     return out
 
 
+def _check_and_quarantine(
+    layout: Layout,
+    name: str,
+    entry: CacheEntry | None,
+    *,
+    quick: bool,
+    stop: Callable[[], bool],
+) -> BlobCheck:
+    """Check one blob; a corrupt one leaves blobs/ at once (not at the end of a run that may
+    take hours, during which it would be served, and a good copy could be put in its place)."""
+    check = check_blob(layout.blobs / name, entry, quick=quick, stop=stop)
+    if check.status == "corrupt":
+        try:
+            check.quarantined = quarantine_blob(layout, name, check.key)
+        except OSError as exc:
+            check.quarantine_error = f"not quarantined: {exc.strerror or exc}"
+    return check
+
+
 async def _check_all(
     layout: Layout, blobs: list[tuple[str, int]], cache: VerifyCache, options: VerifyOptions
 ) -> dict[str, BlobCheck]:
@@ -94,8 +114,8 @@ async def _check_all(
             stop = threading.Event()  # set by in_thread when we are cancelled (Ctrl-C)
             async with limiter:
                 check = await in_thread(
-                    partial(check_blob, quick=options.quick, stop=stop.is_set),
-                    layout.blobs / name,
+                    partial(_check_and_quarantine, layout, quick=options.quick, stop=stop.is_set),
+                    name,
                     cache.entries.get(name),
                     stop=stop,
                 )
@@ -146,17 +166,16 @@ def _settle(
         elif check.status == "corrupt":
             digest = Digest(name.removeprefix("sha256-"))
             corrupt = Corrupt(name, check.size, check.actual or "", owners.get(digest, []))
-            try:
-                dst = quarantine_blob(layout, name, check.key.ino if check.key else None)
-                corrupt.quarantined = str(dst.relative_to(layout.root))
+            if check.quarantined is not None:
+                corrupt.quarantined = str(check.quarantined.relative_to(layout.root))
                 log.warning(
                     "blobs/%s is corrupt (sha256 %s); moved to %s",
                     name,
                     check.actual,
                     corrupt.quarantined,
                 )
-            except OSError as exc:
-                corrupt.error = f"not quarantined: {exc.strerror or exc}"
+            else:
+                corrupt.error = check.quarantine_error or "not quarantined"
                 log.error("blobs/%s is corrupt; %s", name, corrupt.error)
             report.corrupt.append(corrupt)
     if entries != cache.entries:  # a quick run that found nothing new writes nothing
@@ -187,6 +206,9 @@ async def verify(layout: Layout, options: VerifyOptions | None = None) -> Report
     await trio.to_thread.run_sync(_settle, layout, report, checks, cache, found.owners)
 
     corrupt = {c.name for c in report.corrupt}
+    # A corrupt blob of the wrong size (truncated, zero-length) is fetched at the size its
+    # manifests give, not its own.
+    declared = {m.digest: m.size for m in found.missing}
     report.missing = [m for m in found.missing if m.digest.blob_name not in corrupt]
     report.orphaned = [
         (name, size)
@@ -198,19 +220,21 @@ async def verify(layout: Layout, options: VerifyOptions | None = None) -> Report
     report.bad_manifests = found.bad_manifests
 
     if options.repair_from:
-        await _repair(layout, report, options)
+        await _repair(layout, report, options, declared)
     report.quarantine = await trio.to_thread.run_sync(quarantined, layout)
     report.seconds = time.monotonic() - t0
     return report
 
 
-async def _repair(layout: Layout, report: Report, options: VerifyOptions) -> None:
+async def _repair(
+    layout: Layout, report: Report, options: VerifyOptions, declared: dict[Digest, int]
+) -> None:
     """Fetch every corrupt or missing blob some manifest names, from the peers."""
     wanted: dict[Digest, tuple[int, Owner]] = {}
     for c in report.corrupt:
         digest = Digest(c.name.removeprefix("sha256-"))
         if c.owners and c.quarantined is not None:
-            wanted.setdefault(digest, (c.size, c.owners[0]))
+            wanted.setdefault(digest, (declared.get(digest, c.size), c.owners[0]))
         elif not c.owners:
             log.info("blobs/%s: no manifest names it; nothing to fetch it for", c.name)
     for m in report.missing:

@@ -235,3 +235,20 @@ def test_previous_when_tag_moved_since_last_observation(tiny: TinyStore) -> None
         v1,
     )
     assert history.previous("llama3:8b", current=Digest.of_bytes(v1)) is None
+
+
+def test_a_removal_outlives_the_prune_of_its_older_records(tiny: TinyStore) -> None:
+    """The removed version stays a root (and its manifest saved) for the retention, even
+    after prune has dropped the record that added it."""
+    raw = model(tiny, b"removed weights")
+    path = tiny.legacy("llama3:8b", raw)
+    observe(tiny, T0)
+    path.unlink()
+    now = T0 + 10 * DAY
+    observe(tiny, now)
+    history = TagHistory(tiny.layout)
+    for t in (now + 1, now + 2):
+        history.prune(t, WEEK)
+        assert Digest.of_bytes(b"removed weights") in history.roots(t, WEEK)
+        assert history.manifest_bytes(Digest.of_bytes(raw)) is not None
+    assert history.roots(now + WEEK + 1, WEEK) == set()

@@ -24,7 +24,7 @@ from store.digest import Digest
 from store.layout import Layout
 from store.names import parse_name
 from store.scan import scan_store
-from store.verify import VerifyCache, check_blob, quarantine_blob
+from store.verify import FileKey, VerifyCache, check_blob, quarantine_blob
 from sync.verify import VerifyOptions, run_verify
 from tests.builders import TinyStore
 from tests.mounting import fuse, mounted
@@ -442,10 +442,16 @@ def test_quarantine_keeps_an_earlier_copy(tmp_path: Path) -> None:
     assert moved.startswith(f".modelfs/quarantine/{m.digest.blob_name}.")
     assert (m.layout.quarantine / m.digest.blob_name).read_bytes() == b"older"
     assert (m.root / moved).read_bytes() == bytes(len(m.payload))
-    # A blob put back since it was checked is not moved.
+    # A blob put back since it was checked is not moved: renamed over it (another inode),
+    # or restored in place (same inode, other mtime).
     m.blob.write_bytes(m.payload)
-    with pytest.raises(FileNotFoundError):
-        quarantine_blob(m.layout, m.digest.blob_name, ino=m.blob.stat().st_ino + 1)
+    st = m.blob.stat()
+    for key in (
+        FileKey(st.st_ino + 1, st.st_size, st.st_mtime_ns),
+        FileKey(st.st_ino, st.st_size, st.st_mtime_ns - 1),
+    ):
+        with pytest.raises(FileNotFoundError):
+            quarantine_blob(m.layout, m.digest.blob_name, key)
     assert m.blob.exists()
 
 
@@ -536,3 +542,17 @@ def test_demo_store_is_whole(tmp_path: Path) -> None:
     rc, report, _ = verify(demo.root)
     assert rc == 0, report["problems"]
     assert report["orphaned"]["blobs"] == [] and report["missing"] == []
+
+
+def test_repair_of_a_truncated_blob_fetches_the_size_its_manifest_gives(tmp_path: Path) -> None:
+    source = Model(tmp_path / "source")
+    target_root = tmp_path / "target"
+    shutil.copytree(source.root, target_root, symlinks=True)
+    target = Layout(target_root)
+    with open(target.blob(source.digest), "r+b") as f:
+        f.truncate(1000)
+    with served(source.root) as (url, _):
+        rc, report, err = verify(target_root, "--repair-from", url)
+    assert rc == 0, err
+    assert [r["ok"] for r in report["repairs"]] == [True]
+    assert target.blob(source.digest).read_bytes() == source.payload

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from store.compat.draft import GGML_BF16, GGML_F16, GGML_F32, Compute
+from store.owner import adopt, make_dirs
 
 log = logging.getLogger(__name__)
 
@@ -193,11 +194,14 @@ class ComputeCache:
     def _store(self, path: Path, data: bytes) -> bool:
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            # `root` is <store>/.modelfs/compat: what is made there belongs to the store's owner.
+            store = self.root.parent.parent if self.root is not None else path.parent
+            make_dirs(path.parent, store)
             with open(tmp, "wb") as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
+            adopt(tmp, store)
             os.replace(tmp, path)
             return True
         except OSError as exc:
