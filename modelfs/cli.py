@@ -601,6 +601,28 @@ class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
         pass
 
 
+def _to_journal() -> bool:
+    """Is stderr the journal's stream (systemd sets $JOURNAL_STREAM to its `dev:ino`)?"""
+    want = os.environ.get("JOURNAL_STREAM", "")
+    try:
+        st = os.fstat(sys.stderr.fileno())
+    except (OSError, ValueError, AttributeError):
+        return False
+    return want == f"{st.st_dev}:{st.st_ino}"
+
+
+_SYSLOG_PRIORITY = {"CRITICAL": 2, "ERROR": 3, "WARNING": 4, "INFO": 6, "DEBUG": 7}
+
+
+class _JournalFormatter(logging.Formatter):
+    """`<N>` before each line: the journal stores it as the priority (errors show red in
+    `journalctl`); the unit's name already says it is modelfs."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        prefix = f"<{_SYSLOG_PRIORITY.get(record.levelname, 6)}>"
+        return "\n".join(prefix + line for line in super().format(record).splitlines())
+
+
 def _setup_logging(args: argparse.Namespace) -> None:
     level = logging.INFO
     if getattr(args, "verbose", False):
@@ -614,13 +636,23 @@ def _setup_logging(args: argparse.Namespace) -> None:
         root.removeHandler(old)
     handler = _StderrHandler()
     # No timestamps of our own: a terminal does not need them and the journal adds its own.
-    handler.setFormatter(logging.Formatter("modelfs: %(message)s"))
+    handler.setFormatter(
+        _JournalFormatter("%(message)s")
+        if _to_journal()
+        else logging.Formatter("modelfs: %(message)s")
+    )
     root.addHandler(handler)
     root.setLevel(level)
     # httpx logs a line per request at INFO; that is debugging detail here.
     logging.getLogger("httpx").setLevel(
         logging.DEBUG if level == logging.DEBUG else logging.WARNING
     )
+
+
+def _error(text: str) -> None:
+    """The one error line; marked as an error for the journal when that is where it goes."""
+    prefix = "<3>" if _to_journal() else ""
+    print(f"{prefix}modelfs: error: {_one_line(text)}", file=sys.stderr)
 
 
 def _one_line(text: str) -> str:
@@ -647,7 +679,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()
         return status
     except (StoreError, SyncError, UserError) as exc:
-        print(f"modelfs: error: {_one_line(str(exc))}", file=sys.stderr)
+        _error(str(exc))
         return 1
     except BrokenPipeError:
         # `modelfs ls | head` is not an error.
@@ -655,7 +687,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         return 0
     except OSError as exc:
         # An unreadable or unnamable store (EACCES, ENAMETOOLONG, EIO): the user's to fix.
-        print(f"modelfs: error: {_one_line(_os_error(exc))}", file=sys.stderr)
+        _error(_os_error(exc))
         return 1
     except KeyboardInterrupt:
         return 130

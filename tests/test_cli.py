@@ -1003,3 +1003,49 @@ def test_show_missing_blob_and_text(
     rows = [line.split() for line in proc.stdout.splitlines()]
     assert ["ggml", "gguf", "-", sha256_hex(built["absent"])[:12], "not", "local"] in rows
     assert any(r[:2] == ["llamacpp", "gguf"] and r[-1] == "preferred" for r in rows)
+
+
+def test_logs_to_the_journal_carry_priorities_and_no_prefix(tmp_path: Path) -> None:
+    """Under systemd ($JOURNAL_STREAM names stderr), lines start with `<N>`, the priority the
+    journal stores; elsewhere they start with `modelfs: `."""
+    err = tmp_path / "stderr"
+    err.touch()
+    st = err.stat()
+    with open(err, "ab") as f:
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "from modelfs.cli import main; main()",
+                "gc",
+                "--store",
+                str(tmp_path / "absent"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=f,
+            env={**os.environ, "JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"},
+            timeout=60,
+        )
+    assert r.returncode == 1
+    lines = err.read_text().splitlines()
+    assert lines == [f"<3>modelfs: error: no model store at {tmp_path / 'absent'} (--store)"]
+    store = tmp_path / "store"
+    (store / "blobs").mkdir(parents=True)
+    with open(err, "wb") as f:
+        subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "from modelfs.cli import main; main()",
+                "gc",
+                "--store",
+                str(store),
+                "--dry-run",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=f,
+            env={**os.environ, "JOURNAL_STREAM": f"{st.st_dev}:{err.stat().st_ino}"},
+            timeout=60,
+            check=True,
+        )
+    assert err.read_text().splitlines()[0] == f"<6>store: {store} (--store)"
