@@ -37,7 +37,7 @@ from store.digest import Digest, is_blob_name
 from store.errors import StoreError
 from store.layout import Layout
 from store.leases import LeaseSet, read_leases
-from store.owner import adopt, make_dirs
+from store.owner import make_dirs, write_atomic
 from store.reach import Reach, reachable
 from store.scan import Problem
 
@@ -143,13 +143,8 @@ def load_first_seen(layout: Layout) -> dict[str, float]:
 
 
 def save_first_seen(layout: Layout, first_seen: dict[str, float]) -> None:
-    path = state_path(layout)
-    make_dirs(path.parent, layout.root)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     body = {"version": STATE_VERSION, "first_seen": dict(sorted(first_seen.items()))}
-    tmp.write_text(json.dumps(body, indent=0))
-    adopt(tmp, layout.root)
-    os.replace(tmp, path)
+    write_atomic(state_path(layout), json.dumps(body, indent=0).encode(), layout.root)
 
 
 # -- the plan ------------------------------------------------------------------------------

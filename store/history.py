@@ -49,7 +49,6 @@ import contextlib
 import json
 import logging
 import os
-import secrets
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -72,7 +71,7 @@ from store.manifest import (
     parse_manifest,
 )
 from store.names import Name, name_from_path_parts, parse_name
-from store.owner import adopt, make_dirs
+from store.owner import adopt, make_dirs, write_atomic
 from store.scan import Entry, StoreIndex, read_limited
 
 log = logging.getLogger(__name__)
@@ -459,20 +458,7 @@ class TagHistory:
 
     def _write_file(self, target: Path, data: bytes) -> None:
         self._keep_lock()
-        tmp = target.with_name(f".tmp-{secrets.token_hex(6)}-{target.name}")
-        try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o644)
-            adopt(tmp, self.layout.root)
-            os.replace(tmp, target)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise
-        fsync_dir(target.parent)
+        write_atomic(target, data, self.layout.root, sync_dir=True)
 
     def _save(self, manifests: dict[Digest, bytes]) -> None:
         """Write each manifest not saved yet (a stat each: another host may have pruned)."""

@@ -30,7 +30,7 @@ from store.digest import Digest
 from store.errors import StoreError
 from store.layout import Layout
 from store.lockfile import host_id
-from store.owner import adopt, make_dirs
+from store.owner import write_atomic
 from store.scan import Problem
 
 LEASE_VERSION = 1
@@ -202,20 +202,8 @@ class LeaseKeeper:
     def write(self, snapshot: tuple[int, bytes] | None = None) -> None:
         """Put the lease on disk whole (temp file + rename): a reader sees the old or the new."""
         version, body = snapshot or self.snapshot()
-        make_dirs(self.layout.leases, self.layout.root)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        try:
-            with open(tmp, "wb") as f:
-                f.write(body)
-                f.flush()
-                # A lease zeroed by a power cut would stop every host's GC until removed.
-                os.fsync(f.fileno())
-            adopt(tmp, self.layout.root)
-            os.replace(tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise
+        # Fsynced: a lease zeroed by a power cut would stop every host's GC until removed.
+        write_atomic(self.path, body, self.layout.root)
         self.written = max(self.written, version)
 
     def touch(self, snapshot: tuple[int, bytes] | None = None) -> None:

@@ -4,12 +4,17 @@ Ollama's Linux service runs as `ollama`; an admin running `modelfs pull` or `mod
 hand as root must not leave root-owned directories in the store, where the service (and
 modelfs's own units, which run as the store's owner) could no longer create files. Without
 root nothing changes hands: what we create is ours, and ours is the store's.
+
+`write_atomic` is how every small state file of ours is written (leases, GC state, the verify
+cache, tag history, fetch sidecars, computed view tensors): whole or not at all, durable, and
+owned like the store.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 from pathlib import Path
 
 
@@ -46,3 +51,37 @@ def make_dirs(
         adopt(d, root)
         created.append(d)
     return created
+
+
+def write_atomic(
+    path: str | os.PathLike[str],
+    data: bytes,
+    root: str | os.PathLike[str],
+    *,
+    mode: int = 0o644,
+    sync_dir: bool = False,
+) -> None:
+    """Replace `path` with `data`: a temp file beside it (`.<name>.<random>.tmp`, which
+    readers of our state dirs skip), fsynced, adopted, renamed over. A reader sees the old
+    bytes or the new, never half; a failure (a full disk) leaves no temp file behind."""
+    path = Path(path)
+    make_dirs(path.parent, root)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        adopt(tmp, root)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    if sync_dir:
+        fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

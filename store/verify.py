@@ -23,7 +23,6 @@ import json
 import logging
 import os
 import stat
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ import xxhash
 
 from store.digest import is_blob_name
 from store.layout import Layout
-from store.owner import adopt, make_dirs
+from store.owner import make_dirs, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -260,19 +259,7 @@ class VerifyCache:
         }
         data = json.dumps(doc, separators=(",", ":")).encode() + b"\n"
         try:
-            make_dirs(path.parent, self.layout.root)
-            fd, tmp = tempfile.mkstemp(prefix=".cache-", suffix=".tmp", dir=path.parent)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                adopt(tmp, self.layout.root)
-                os.replace(tmp, path)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
+            write_atomic(path, data, self.layout.root)
         except OSError as exc:
             log.warning("cannot write the verify cache %s: %s", path, _why(exc))
             return False

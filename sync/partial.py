@@ -39,7 +39,7 @@ from store.digest import Digest
 from store.errors import LockBusyError
 from store.layout import Layout
 from store.lockfile import LockFile
-from store.owner import adopt, make_dirs
+from store.owner import adopt, make_dirs, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -355,13 +355,7 @@ class PartialBlob:
                     "done": done.as_list(),
                 }
             ).encode()
-            tmp = self.sidecar.with_name(self.sidecar.name + f".{os.getpid()}")
-            with open(tmp, "wb") as f:
-                f.write(body)
-                f.flush()
-                os.fsync(f.fileno())
-            adopt(tmp, self.layout.root)
-            os.replace(tmp, self.sidecar)
+            write_atomic(self.sidecar, body, self.layout.root)
             self._saved = RangeSet(done.as_list())
             self.heartbeat()
 

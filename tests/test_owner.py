@@ -61,3 +61,14 @@ def test_what_root_creates_in_a_users_store_is_that_users(tmp_path: Path) -> Non
         assert foreign_owned(store) == [], foreign_owned(store)
     assert list((store / ".modelfs" / "trash").glob("*/*"))
     assert foreign_owned(store) == []
+
+
+def test_write_atomic_keeps_the_old_bytes_and_no_temp_on_a_full_disk(tiny_fs: Path) -> None:
+    from store.owner import write_atomic
+
+    target = tiny_fs / "state" / "state.json"
+    write_atomic(target, b"old", tiny_fs)
+    with pytest.raises(OSError):
+        write_atomic(target, b"x" * (8 << 20), tiny_fs)  # more than the 4 MiB disk
+    assert target.read_bytes() == b"old"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["state.json"]

@@ -11,14 +11,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from store.compat.draft import GGML_BF16, GGML_F16, GGML_F32, Compute
-from store.owner import adopt, make_dirs
+from store.owner import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -192,21 +191,12 @@ class ComputeCache:
             return None, data
 
     def _store(self, path: Path, data: bytes) -> bool:
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
             # `root` is <store>/.modelfs/compat: what is made there belongs to the store's owner.
             store = self.root.parent.parent if self.root is not None else path.parent
-            make_dirs(path.parent, store)
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            adopt(tmp, store)
-            os.replace(tmp, path)
+            write_atomic(path, data, store)
             return True
         except OSError as exc:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
             if not self._warned:
                 log.warning(
                     "cannot cache computed tensors in %s (%s); keeping them in memory",
