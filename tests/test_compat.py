@@ -95,6 +95,28 @@ def materialize(view: GGUFView, tmp_path: Path, cache: ComputeCache | None = Non
     return out
 
 
+def bpe_tokenizer(vocab: Any, pre: str, **ids: int) -> list[KV]:
+    """A GPT-2 style tokenizer's KVs from `modelfs.demo._bpe_vocab`; `ids` are
+    `tokenizer.ggml.<name>_token_id` values."""
+    return [
+        ("tokenizer.ggml.model", "gpt2", V.STRING),
+        ("tokenizer.ggml.pre", pre, V.STRING),
+        ("tokenizer.ggml.tokens", list(vocab.tokens), V.ARRAY, V.STRING),
+        ("tokenizer.ggml.token_type", list(vocab.types), V.ARRAY, V.INT32),
+        ("tokenizer.ggml.merges", list(vocab.merges), V.ARRAY, V.STRING),
+        *((f"tokenizer.ggml.{k}_token_id", v, V.UINT32) for k, v in ids.items()),
+    ]
+
+
+def llama_cpp_loads_only_the_view(src: Path, tmp_path: Path) -> Any:
+    """llama.cpp (vocab-only) refuses the Ollama-layout file and loads its view."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    with pytest.raises(ValueError):
+        llama_cpp.Llama(model_path=str(src), vocab_only=True, verbose=False)
+    view = materialize(views_of(src).model, tmp_path)
+    return llama_cpp.Llama(model_path=str(view), vocab_only=True, verbose=False)
+
+
 def fields(reader: Any) -> dict[str, Any]:
     out = {}
     for f in reader.fields.values():
@@ -788,7 +810,6 @@ def test_llamacpp_children_and_non_gguf_blobs_get_no_view(tmp_path: Path) -> Non
 def test_llama_cpp_reads_the_gptoss_view_it_refuses_raw(tmp_path: Path) -> None:
     """llama.cpp knows no architecture "gptoss"; the view's gpt-oss hyperparameters and
     vocabulary load (vocab-only: its MXFP4 experts are not built here)."""
-    llama_cpp = pytest.importorskip("llama_cpp")
     from modelfs.demo import _bpe_vocab
 
     vocab = _bpe_vocab(("<|startoftext|>", "<|endoftext|>", "<|return|>"))
@@ -809,13 +830,12 @@ def test_llama_cpp_reads_the_gptoss_view_it_refuses_raw(tmp_path: Path) -> None:
     kvs += [
         ("gptoss.attention.layer_norm_rms_epsilon", 1e-5, V.FLOAT32),
         ("gptoss.rope.freq_base", 150000.0, V.FLOAT32),
-        ("tokenizer.ggml.model", "gpt2", V.STRING),
-        ("tokenizer.ggml.pre", "default", V.STRING),
-        ("tokenizer.ggml.tokens", list(vocab.tokens), V.ARRAY, V.STRING),
-        ("tokenizer.ggml.token_type", list(vocab.types), V.ARRAY, V.INT32),
-        ("tokenizer.ggml.merges", list(vocab.merges), V.ARRAY, V.STRING),
-        ("tokenizer.ggml.bos_token_id", vocab.specials["<|startoftext|>"], V.UINT32),
-        ("tokenizer.ggml.eos_token_id", vocab.specials["<|return|>"], V.UINT32),
+        *bpe_tokenizer(
+            vocab,
+            "default",
+            bos=vocab.specials["<|startoftext|>"],
+            eos=vocab.specials["<|return|>"],
+        ),
     ]
     ts: list[Tensor] = [
         ("token_embd.weight", f32(len(vocab.tokens), 64)),
@@ -823,10 +843,7 @@ def test_llama_cpp_reads_the_gptoss_view_it_refuses_raw(tmp_path: Path) -> None:
         ("blk.0.attn_sinks", f32(2)),
     ]
     src = write_gguf(tmp_path / "gptoss.gguf", "gptoss", kvs, ts)
-    with pytest.raises(ValueError):
-        llama_cpp.Llama(model_path=str(src), vocab_only=True, verbose=False)
-    view = materialize(views_of(src).model, tmp_path)
-    llm = llama_cpp.Llama(model_path=str(view), vocab_only=True, verbose=False)
+    llm = llama_cpp_loads_only_the_view(src, tmp_path)
     assert llm.n_vocab() == len(vocab.tokens)
     tokens = llm.tokenize(b" hello world", add_bos=False)
     assert len(tokens) == 2  # the merged words, with their leading spaces
@@ -1965,7 +1982,6 @@ def test_glmocr_view(tmp_path: Path) -> None:
 def test_llama_cpp_reads_the_qwen25vl_view_it_refuses_raw(tmp_path: Path) -> None:
     """llama.cpp knows no architecture "qwen25vl"; the view's qwen2vl hyperparameters (M-RoPE
     sections padded to four) and vocabulary load (vocab-only)."""
-    llama_cpp = pytest.importorskip("llama_cpp")
     from modelfs.demo import _bpe_vocab
 
     vocab = _bpe_vocab(("<|endoftext|>", "<|im_start|>", "<|im_end|>"))
@@ -1982,12 +1998,7 @@ def test_llama_cpp_reads_the_qwen25vl_view_it_refuses_raw(tmp_path: Path) -> Non
         ("qwen25vl.attention.layer_norm_rms_epsilon", 1e-6, V.FLOAT32),
         ("qwen25vl.rope.freq_base", 1e6, V.FLOAT32),
         ("qwen25vl.rope.mrope_section", [4, 6, 6], V.ARRAY, V.INT32),
-        ("tokenizer.ggml.model", "gpt2", V.STRING),
-        ("tokenizer.ggml.pre", "qwen2", V.STRING),
-        ("tokenizer.ggml.tokens", list(vocab.tokens), V.ARRAY, V.STRING),
-        ("tokenizer.ggml.token_type", list(vocab.types), V.ARRAY, V.INT32),
-        ("tokenizer.ggml.merges", list(vocab.merges), V.ARRAY, V.STRING),
-        ("tokenizer.ggml.eos_token_id", vocab.specials["<|im_end|>"], V.UINT32),
+        *bpe_tokenizer(vocab, "qwen2", eos=vocab.specials["<|im_end|>"]),
     ]
     ts: list[Tensor] = [
         ("token_embd.weight", f32(len(vocab.tokens), 64)),
@@ -1995,10 +2006,7 @@ def test_llama_cpp_reads_the_qwen25vl_view_it_refuses_raw(tmp_path: Path) -> Non
         ("v.merger.mlp.0.weight", f16(64, 32)),
     ]
     src = write_gguf(tmp_path / "qwen25vl.gguf", "qwen25vl", kvs, ts)
-    with pytest.raises(ValueError):
-        llama_cpp.Llama(model_path=str(src), vocab_only=True, verbose=False)
-    view = materialize(views_of(src).model, tmp_path)
-    llm = llama_cpp.Llama(model_path=str(view), vocab_only=True, verbose=False)
+    llm = llama_cpp_loads_only_the_view(src, tmp_path)
     assert llm.n_vocab() == len(vocab.tokens)
     assert llm.token_eos() == vocab.specials["<|im_end|>"]
     tokens = llm.tokenize(b" hello world", add_bos=False)
