@@ -243,6 +243,8 @@ def _writable_root(explicit: Path | None) -> Path:
     except StoreError:
         env = os.environ.get("OLLAMA_MODELS", "").strip().strip("\"'")
         fresh = explicit or (Path(env) if env else Path.home() / ".ollama" / "models")
+        if fresh.exists() and not fresh.is_dir():
+            raise UserError(f"store {fresh} is not a directory") from None
         fresh.expanduser().mkdir(parents=True, exist_ok=True)
         return find_store_root(fresh)
 

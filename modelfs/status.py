@@ -23,6 +23,8 @@ def fetch_status(url: str, token_file: Path | None) -> tuple[dict[str, Any] | No
     target = url.rstrip("/") + "/modelfs/v1/status"
     try:
         r = httpx.get(target, headers=headers, timeout=10.0)
+    except httpx.InvalidURL as exc:
+        return None, f"--url {url!r}: {exc}"
     except httpx.HTTPError as exc:
         return None, f"no sync daemon answers at {url} ({type(exc).__name__}: {exc})"
     if r.status_code in (401, 403):

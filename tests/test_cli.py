@@ -1049,3 +1049,21 @@ def test_logs_to_the_journal_carry_priorities_and_no_prefix(tmp_path: Path) -> N
             check=True,
         )
     assert err.read_text().splitlines()[0] == f"<6>store: {store} (--store)"
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["status", "--url", "http://[::1"], "--url 'http://[::1'"),
+        (["status", "--url", "ftp://x"], "no sync daemon answers at ftp://x"),
+        (
+            ["pull", "--store", "/etc/passwd", "--from", "http://127.0.0.1:1", "m"],
+            "store /etc/passwd is not a directory",
+        ),
+    ],
+    ids=["bad-url", "not-http", "store-is-a-file"],
+)
+def test_bad_targets_are_one_line(argv: list[str], needle: str) -> None:
+    r = modelfs(*argv)
+    assert r.returncode == 1
+    assert_one_error(r.stderr, needle)
