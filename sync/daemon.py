@@ -37,7 +37,7 @@ from store.history import TagHistory
 from store.layout import Layout
 from store.leases import HEARTBEAT, LeaseKeeper
 from store.names import Name
-from store.scan import scan_store
+from store.scan import StoreIndex
 from sync.client import PeerClient
 from sync.config import ConfigError, SyncConfig, load_config
 from sync.errors import PeerLiedError, SyncError
@@ -152,6 +152,7 @@ class Daemon:
         token = read_token_file(config.token_file) if config.token_file else None
         self.token = token
         app = RegistryApp(self.layout, token=token, prefer=config.prefer, host_id=config.host_id)
+        self.app = app
         app.extra_status = self.status
         app.extra_metrics = self.metrics
         await app.view()
@@ -226,13 +227,17 @@ class Daemon:
         except OSError:
             return None
 
+    async def index(self) -> StoreIndex:
+        """The store as the server sees it: rescanned only when the store changed."""
+        return (await self.app.view()).index
+
     # -- replication ------------------------------------------------------------------------------
     async def replicate_once(self) -> None:
         config = self.config
         self.rounds += 1
         if not config.peers:
             return
-        index = await trio.to_thread.run_sync(scan_store, self.layout)
+        index = await self.index()
         local = {e.name.shortest: e.digest.hex for e in index}
         self.local = local
         wanted: dict[str, tuple[str, list[str]]] = {}
@@ -336,7 +341,7 @@ class Daemon:
         now = time.time()
         retention = self.config.gc.history_retention
         try:
-            index = await trio.to_thread.run_sync(scan_store, self.layout)
+            index = await self.index()
             await trio.to_thread.run_sync(self.history.set_retention, retention)
             changes = await trio.to_thread.run_sync(self.history.observe, index, now)
             await trio.to_thread.run_sync(self.history.prune, now, retention)
