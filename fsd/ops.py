@@ -47,6 +47,7 @@ NAME_TIMEOUT = 1.0
 ATTR_TIMEOUT = 300.0
 IMMUTABLE_DIRS = (".blobs", ".by-digest")
 
+USER_NAMESPACE = "user."
 XATTR_PREFIX = "user.modelfs."
 GGUF_XATTRS = (
     "user.modelfs.gguf.architecture",
@@ -319,7 +320,12 @@ class ModelOperations(pyfuse3.Operations):
     async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
         node = self._node(inode)
         key = os.fsdecode(name)
-        # `ls -l` asks every entry for security.* and system.* names; answer those at once.
+        if not key.startswith(USER_NAMESPACE):
+            # No SELinux labels, no POSIX ACLs: the namespace is unsupported, as on a
+            # filesystem mounted without them. `ls -l` remembers that answer per device, so
+            # it asks once instead of three times an entry: 60,000 fewer round trips of
+            # `ls -lR` over 5,000 models (ENODATA would be asked again for every entry).
+            raise pyfuse3.FUSEError(errno.EOPNOTSUPP)
         if not key.startswith(XATTR_PREFIX):
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         value = node.xattrs.get(key)

@@ -168,6 +168,16 @@ def test_cp_du_xattrs_mmap_odirect_and_erofs(demo_mnt: Path, tmp_path: Path) -> 
     with pytest.raises(OSError) as info:
         os.getxattr(model, "user.nope")
     assert info.value.errno == errno.ENODATA
+    # Namespaces the mount has no use for are unsupported, not merely empty: `ls -l` then
+    # stops asking for them (one round trip per device instead of three per entry).
+    for name in ("security.selinux", "system.posix_acl_access", "trusted.x"):
+        for path in (model, src):
+            with pytest.raises(OSError) as info:
+                os.getxattr(path, name)
+            assert info.value.errno == errno.EOPNOTSUPP, name
+    listing = subprocess.run(["ls", "-lR", str(src)], capture_output=True, text=True)
+    assert listing.returncode == 0, listing.stderr
+    assert "model.gguf" in listing.stdout
 
     data = model.read_bytes()
     with open(model, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
