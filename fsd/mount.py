@@ -18,6 +18,7 @@ import trio
 from fsd import loop
 from fsd.ops import ModelOperations
 from fsd.tree import DirNode, InodeTable, NameTree, TreeBuilder
+from runtime.inotify import StoreWatch, WatchError
 from runtime.leasing import leased
 from runtime.notify import sd_notify
 from store.layout import Layout
@@ -28,6 +29,9 @@ from store.watch import store_signature
 log = logging.getLogger(__name__)
 
 POLL_INTERVAL = 1.0  # with a 1 s name timeout, a change shows within 2 s
+# A local store is watched by inotify; a look now and then all the same, in case an event
+# was missed (a change made under another mount of the same filesystem is still seen).
+SAFETY_INTERVAL = 30.0
 READ_AHEAD_KB = 1024
 
 
@@ -98,6 +102,7 @@ class Mount:
         self.data = data
         self.allow_other = allow_other
         self._signature: tuple[object, ...] = ()
+        self._waiting = trio.CancelScope()  # the watch loop's current wait, cut short by SIGHUP
 
     def _store_readable(self) -> bool:
         try:
@@ -188,15 +193,53 @@ class Mount:
             async for signum in signals:
                 if signum == signal.SIGHUP:
                     self._signature = ()  # rescan now
+                    self._waiting.cancel()
                     continue
                 log.info("%s: unmounting", signal.Signals(signum).name)
                 sd_notify("STOPPING=1")
                 pyfuse3.terminate()
                 return
 
+    def _open_watch(self) -> StoreWatch | None:
+        try:
+            watch = StoreWatch(self.layout)
+        except WatchError as exc:
+            log.warning("%s; looking for changes every %g s instead", exc, POLL_INTERVAL)
+            return None
+        if watch.remote:
+            log.info(
+                "store on %s: changes from other hosts are looked for every %g s",
+                watch.remote,
+                POLL_INTERVAL,
+            )
+        return watch
+
+    async def _wait_for_change(self, watch: StoreWatch | None) -> StoreWatch | None:
+        """Sleep until inotify reports something or the poll interval is up; returns the watch,
+        or None once inotify gave out (then polling alone keeps the view in step)."""
+        interval = POLL_INTERVAL if watch is None or watch.remote else SAFETY_INTERVAL
+        with trio.move_on_after(interval) as self._waiting:
+            if watch is None:
+                await trio.sleep_forever()
+            try:
+                await watch.changed()
+            except WatchError as exc:
+                log.warning("%s; looking for changes every %g s instead", exc, POLL_INTERVAL)
+                watch.close()
+                return None
+        return watch
+
     async def _watch(self) -> None:
+        watch = await trio.to_thread.run_sync(self._open_watch)
+        try:
+            await self._follow(watch)
+        finally:
+            if watch is not None:
+                watch.close()
+
+    async def _follow(self, watch: StoreWatch | None) -> None:
         while True:
-            await trio.sleep(POLL_INTERVAL)
+            watch = await self._wait_for_change(watch)
             signature = await trio.to_thread.run_sync(store_signature, self.layout)
             if signature == self._signature:
                 continue
