@@ -23,7 +23,7 @@ from runtime.leasing import leased
 from runtime.notify import sd_notify
 from store.layout import Layout
 from store.leases import LeaseKeeper
-from store.scan import scan_store
+from store.scan import ScanCache, scan_store
 from store.watch import store_signature
 
 log = logging.getLogger(__name__)
@@ -102,6 +102,7 @@ class Mount:
         self.data = data
         self.allow_other = allow_other
         self._signature: tuple[object, ...] = ()
+        self.scan_cache = ScanCache()  # a rescan re-reads only the tag files that changed
         self._waiting = trio.CancelScope()  # the watch loop's current wait, cut short by SIGHUP
 
     def _store_readable(self) -> bool:
@@ -122,7 +123,7 @@ class Mount:
         gc_was_enabled = gc.isenabled()
         gc.disable()
         try:
-            index = scan_store(self.layout)
+            index = scan_store(self.layout, self.scan_cache)
             self._signature = signature
             self.models = len(index)
             for problem in index.problems:

@@ -123,6 +123,23 @@ class BlobInfo:
     mtime: float
 
 
+@dataclass(slots=True)
+class ScanCache:
+    """What one scan parsed, for the next scan of the same store (a mount's rescans, a
+    server's rebuilds): a change to a store re-reads what changed, not 5,000 tag files.
+
+    A tag file is known by its path and (inode, size, mtime, ctime); an edit in place or a
+    rename over it changes them, the same stamp the change detection of `store.watch` uses.
+    A config is known by its digest, the hash of its bytes, and is used only while its blob
+    is listed. Each scan keeps only what it met, so the cache never outgrows the store.
+    """
+
+    manifests: dict[str, tuple[tuple[int, int, int, int], Manifest | ManifestList]] = field(
+        default_factory=dict
+    )
+    configs: dict[Digest, ModelConfig] = field(default_factory=dict)
+
+
 @dataclass
 class StoreIndex:
     layout: Layout
@@ -131,6 +148,7 @@ class StoreIndex:
     blob_names: set[str] = field(default_factory=set)
     _configs: dict[Digest, ModelConfig | None] = field(default_factory=dict, repr=False)
     _blob_info: dict[Digest, BlobInfo | None] = field(default_factory=dict, repr=False)
+    cache: ScanCache | None = field(default=None, repr=False)
 
     # -- lookups -------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Entry]:
@@ -173,7 +191,11 @@ class StoreIndex:
             return None
         digest = manifest.config.digest
         if digest not in self._configs:
-            self._configs[digest] = self._read_config(digest)
+            known = self.cache.configs.get(digest) if self.cache is not None else None
+            if known is not None and self.has_blob(digest):
+                self._configs[digest] = known
+            else:
+                self._configs[digest] = self._read_config(digest)
         return self._configs[digest]
 
     def _read_config(self, digest: Digest) -> ModelConfig | None:
@@ -252,9 +274,11 @@ class Scanner:
     """Builds a StoreIndex. Reads manifests only; blobs are listed, not hashed, except the
     manifest blobs a v2 tag or a list points at, which must hash to their names."""
 
-    def __init__(self, layout: Layout) -> None:
+    def __init__(self, layout: Layout, cache: ScanCache | None = None) -> None:
         self.layout = layout
-        self.index = StoreIndex(layout)
+        self.index = StoreIndex(layout, cache=cache)
+        self.cache = cache
+        self._met: dict[str, tuple[tuple[int, int, int, int], Manifest | ManifestList]] = {}
         self._prefix = str(layout.root).rstrip("/") + "/"
         self._manifest_blobs: dict[Digest, Manifest | ManifestList | StoreError] = {}
 
@@ -265,6 +289,9 @@ class Scanner:
         for entry in self.index.entries.values():
             for variant in entry.variants:
                 self._check_blobs(entry, variant)
+        if self.cache is not None:
+            self.cache.manifests = self._met
+            self.cache.configs = {d: c for d, c in self.index._configs.items() if c is not None}
         return self.index
 
     # -- blobs ---------------------------------------------------------------------------
@@ -331,8 +358,7 @@ class Scanner:
     def _read_entry(self, name: Name, path: str, root: Path, *, v2: bool) -> Entry:
         # Strings in this loop: it runs once per tag, and Path arithmetic was a fifth of it.
         rel = path[len(self._prefix) :]  # walk_manifest_tree's paths are below the root
-        raw, st = self._read_manifest_file(path, root, rel)
-        top = parse_manifest(raw, rel)
+        top, mtime_ns = self._parsed_manifest_file(path, root, rel)
         if isinstance(top, ManifestList):
             variants, absent = self._resolve_list(top, rel)
         else:
@@ -345,10 +371,30 @@ class Scanner:
             source="v2" if v2 else "legacy",
             path=Path(path),
             top=top,
-            mtime_ns=st.st_mtime_ns,
+            mtime_ns=mtime_ns,
             variants=variants,
             absent_children=absent,
         )
+
+    def _parsed_manifest_file(
+        self, path: str, root: Path, rel: str
+    ) -> tuple[Manifest | ManifestList, int]:
+        """A tag file's manifest and mtime, from the cache when the file is as it was."""
+        if self.cache is not None:
+            try:
+                lst = os.lstat(path)
+            except OSError:
+                lst = None  # _read_manifest_file says why
+            if lst is not None and stat.S_ISREG(lst.st_mode):
+                known = self.cache.manifests.get(path)
+                if known is not None and known[0] == _stamp(lst):
+                    self._met[path] = known
+                    return known[1], lst.st_mtime_ns
+        raw, st = self._read_manifest_file(path, root, rel)
+        top = parse_manifest(raw, rel)
+        if self.cache is not None and stat.S_ISREG(st.st_mode) and not os.path.islink(path):
+            self._met[path] = (_stamp(st), top)
+        return top, st.st_mtime_ns
 
     def _read_manifest_file(self, path: str, root: Path, rel: str) -> tuple[bytes, os.stat_result]:
         """Read a tag file; a symlink must land on a blob whose bytes hash to its name."""
@@ -455,6 +501,10 @@ def _is_upper_blob(name: str) -> bool:
     return True
 
 
-def scan_store(root: str | os.PathLike[str] | Layout) -> StoreIndex:
+def _stamp(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def scan_store(root: str | os.PathLike[str] | Layout, cache: ScanCache | None = None) -> StoreIndex:
     layout = root if isinstance(root, Layout) else Layout(root)
-    return Scanner(layout).scan()
+    return Scanner(layout, cache).scan()

@@ -84,7 +84,7 @@ from store.manifest import (
     parse_manifest,
 )
 from store.names import Name
-from store.scan import DEFAULT_PREFER, StoreIndex, scan_store
+from store.scan import DEFAULT_PREFER, ScanCache, StoreIndex, scan_store
 from store.watch import store_signature
 from sync.protocol import API_VERSION_HEADER, DIGEST_HEADER, name_from_repository
 
@@ -352,8 +352,8 @@ class View:
     catalog: list[str] = field(default_factory=list)
 
     @classmethod
-    def build(cls, layout: Layout) -> View:
-        view = cls(scan_store(layout))
+    def build(cls, layout: Layout, cache: ScanCache | None = None) -> View:
+        view = cls(scan_store(layout, cache))
         for entry in view.index:
             # A plain manifest is its own one variant; a list adds its present children.
             view.manifests[entry.top.digest] = entry.top
@@ -450,6 +450,7 @@ class RegistryApp:
         self._signature: tuple[object, ...] | None = None
         self._checked = -float("inf")
         self._refresh_lock = trio.Lock()
+        self._scan_cache = ScanCache()  # a rebuild re-reads only the tag files that changed
         self._zstd_cache: OrderedDict[Digest, bytes | None] = OrderedDict()
         self._zstd_cache_bytes = 0
         # The sync daemon adds its own state to /modelfs/v1/status and /metrics.
@@ -469,7 +470,7 @@ class RegistryApp:
             signature = await trio.to_thread.run_sync(store_signature, self.layout)
             if self._view is None or signature != self._signature:
                 started = time.monotonic()
-                view = await trio.to_thread.run_sync(View.build, self.layout)
+                view = await trio.to_thread.run_sync(View.build, self.layout, self._scan_cache)
                 log.info(
                     "store %s: %d model(s), %d blob(s), %d problem(s) (%.2f s)",
                     self.layout.root,

@@ -246,3 +246,54 @@ def test_hostile_manifests_cost_only_themselves(tiny: TinyStore) -> None:
     (f,) = model_files(entry.variants[0].manifest)
     f.path.encode()  # a surrogate never reaches a file name
     assert "\ufffd" in f.path
+
+
+def test_a_scan_cache_rereads_exactly_what_changed(tiny: TinyStore) -> None:
+    from store.scan import ScanCache
+
+    tiny.gguf_model("a:1", payload=b"weights A")
+    tiny.gguf_model("b:1", payload=b"weights B", file_type="Q8_0")
+    path = tiny.layout.legacy_manifest(parse_name("a:1"))
+    tiny.legacy("bad:1", b"{not json")
+    cache = ScanCache()
+
+    def same_as_fresh() -> object:
+        cached, fresh = scan_store(tiny.root, cache), scan_store(tiny.root)
+        assert {e.name.key: (e.digest, e.mtime_ns) for e in cached} == {
+            e.name.key: (e.digest, e.mtime_ns) for e in fresh
+        }
+        assert kinds(cached) == kinds(fresh)
+        assert ("bad-manifest", "manifests/" + bad_rel) in kinds(cached)
+        return cached
+
+    bad_rel = "registry.ollama.ai/library/bad/1"
+    same_as_fresh()
+    assert set(cache.manifests) == {
+        str(tiny.layout.legacy_manifest(parse_name(n))) for n in ("a:1", "b:1")
+    }  # the broken one is read again each time, never remembered as good
+    # Rewritten in place to a manifest of the same size, its mtime put back: the ctime moved.
+    st = path.stat()
+    other = tiny.manifest(
+        [
+            tiny.layer("model", b"weights C"),
+            tiny.layer("template", b"{{ .Prompt }}"),
+            tiny.layer("license", b"MIT"),
+        ]
+    )
+    assert len(other) == st.st_size
+    with open(path, "r+b") as f:
+        f.write(other)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    index = same_as_fresh()
+    assert index.lookup("a:1").digest == Digest.of_bytes(other)
+    # A config remembered from the last scan is not used once its blob is gone.
+    b = index.lookup("b:1")
+    assert index.config(b.top) is not None and index.config(b.top).file_type == "Q8_0"
+    assert b.top.config is not None
+    tiny.layout.blob(b.top.config.digest).unlink()
+    index = scan_store(tiny.root, cache)
+    assert index.config(index.lookup("b:1").top) is None
+    # `ollama rm`: gone from the index and from the cache.
+    path.unlink()
+    same_as_fresh()
+    assert str(path) not in cache.manifests
