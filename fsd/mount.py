@@ -102,6 +102,7 @@ class Mount:
         self.data = data
         self.allow_other = allow_other
         self._signature: tuple[object, ...] = ()
+        self.watch: StoreWatch | None = None
         self.scan_cache = ScanCache()  # a rescan re-reads only the tag files that changed
         self._waiting = trio.CancelScope()  # the watch loop's current wait, cut short by SIGHUP
 
@@ -140,6 +141,15 @@ class Mount:
             raise MountError(f"mount point {self.mountpoint} is not a directory")
         if os.path.ismount(self.mountpoint):
             raise MountError(f"{self.mountpoint} is already a mount point")
+        # Watch first, then scan: a change made meanwhile is in the scan or wakes the watch.
+        self.watch = self._open_watch()
+        try:
+            self._mount_and_serve()
+        finally:
+            if self.watch is not None:
+                self.watch.close()
+
+    def _mount_and_serve(self) -> None:
         tree = self._scan()
         st = os.stat(self.layout.root)
         self.ops = ModelOperations(tree, st.st_uid, st.st_gid, self.layout.root)
@@ -231,12 +241,7 @@ class Mount:
         return watch
 
     async def _watch(self) -> None:
-        watch = await trio.to_thread.run_sync(self._open_watch)
-        try:
-            await self._follow(watch)
-        finally:
-            if watch is not None:
-                watch.close()
+        await self._follow(self.watch)
 
     async def _follow(self, watch: StoreWatch | None) -> None:
         while True:

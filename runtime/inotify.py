@@ -112,7 +112,8 @@ class StoreWatch:
             raise WatchError(f"inotify: {os.strerror(err)}")
         self._dirs: dict[int, tuple[str, int]] = {}  # wd -> (path, depth below its top; -1 root)
         try:
-            self._add(str(layout.root), -1)
+            if not self._add(str(layout.root), -1):
+                raise WatchError(f"inotify: {layout.root} is missing")
             self._add(str(layout.blobs), -1)
             for top in (layout.manifests, layout.manifests_v2):
                 self._add_tree(str(top), 0)

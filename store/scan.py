@@ -36,6 +36,7 @@ from store.manifest import (
     parse_manifest,
 )
 from store.names import Name, name_from_path_parts, parse_name
+from store.prefetch import HEAD, prefetch
 
 log = logging.getLogger(__name__)
 
@@ -283,9 +284,21 @@ class Scanner:
         self._manifest_blobs: dict[Digest, Manifest | ManifestList | StoreError] = {}
 
     def scan(self) -> StoreIndex:
-        self._list_blobs()
-        self._scan_tree(self.layout.manifests_v2, v2=True)
-        self._scan_tree(self.layout.manifests, v2=False)
+        blob_paths = self._list_blobs()
+        trees = [
+            (root, v2, list(walk_manifest_tree(root)))
+            for root, v2 in ((self.layout.manifests_v2, True), (self.layout.manifests, False))
+        ]
+        if not (self.cache and self.cache.manifests):  # a rescan finds it all in memory
+            prefetch(
+                de.path
+                for _, _, items in trees
+                for _, de, problem in items
+                if de is not None and not problem and de.is_file(follow_symlinks=False)
+            )
+            prefetch(blob_paths, HEAD)
+        for root, v2, items in trees:
+            self._scan_tree(root, items, v2=v2)
         for entry in self.index.entries.values():
             for variant in entry.variants:
                 self._check_blobs(entry, variant)
@@ -295,14 +308,16 @@ class Scanner:
         return self.index
 
     # -- blobs ---------------------------------------------------------------------------
-    def _list_blobs(self) -> None:
+    def _list_blobs(self) -> list[str]:
+        """Note every blob name; the paths of the regular ones."""
+        paths: list[str] = []
         try:
             it = os.scandir(self.layout.blobs)
         except FileNotFoundError:
-            return
+            return paths
         except OSError as exc:
             self._problem("bad-blob", "blobs", f"cannot list: {exc.strerror}")
-            return
+            return paths
         with it:
             for de in it:
                 if is_blob_name(de.name):
@@ -311,6 +326,7 @@ class Scanner:
                         self._problem("bad-blob", f"blobs/{de.name}", "not a regular file")
                     else:
                         self.index.blob_names.add(de.name)
+                        paths.append(de.path)
                 elif de.name.startswith("sha256:"):
                     self._problem(
                         "foreign-blob",
@@ -323,11 +339,12 @@ class Scanner:
                     # Ollama's own partials and temp files live here too; they are not ours to
                     # judge, but a user asking "what is this 40 GB file" deserves a line.
                     self._problem("stray", f"blobs/{de.name}", "not a blob name")
+        return paths
 
     # -- manifests -----------------------------------------------------------------------
-    def _scan_tree(self, root: Path, *, v2: bool) -> None:
+    def _scan_tree(self, root: Path, items: list[_TreeItem], *, v2: bool) -> None:
         top = root.name
-        for parts, de, problem in walk_manifest_tree(root):
+        for parts, de, problem in items:
             rel = "/".join((top, *parts))
             if problem:
                 self._problem("stray", rel, problem)

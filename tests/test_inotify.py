@@ -108,3 +108,10 @@ def test_a_store_on_fuse_is_polled_and_still_followed(
         assert "store on fuse: changes from other hosts are looked for every 1 s" in out
     finally:
         force_unmount(seen)
+
+
+def test_a_missing_store_is_not_an_empty_watch(tmp_path: Path) -> None:
+    from store.layout import Layout
+
+    with pytest.raises(WatchError, match="is missing"):
+        StoreWatch(Layout(tmp_path / "nowhere"))

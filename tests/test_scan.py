@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -297,3 +298,38 @@ def test_a_scan_cache_rereads_exactly_what_changed(tiny: TinyStore) -> None:
     path.unlink()
     same_as_fresh()
     assert str(path) not in cache.manifests
+
+
+def test_prefetch_asks_for_regular_files_only_and_reads_ahead(tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+
+    from store.prefetch import prefetch
+
+    data = tmp_path / "blob"
+    data.write_bytes(os.urandom(1 << 20))
+    os.mkfifo(tmp_path / "fifo")  # opening it for reading must not wait for a writer
+    (tmp_path / "link").symlink_to(data)
+    paths = [str(tmp_path / n) for n in ("fifo", "link", "missing", "blob")]
+    assert prefetch(paths, 1 << 16) == 1
+
+    fincore = shutil.which("fincore")
+    if fincore is None:
+        return
+    with open(data, "rb") as f:
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+
+    def cached_pages() -> int:
+        out = subprocess.run(
+            [fincore, "-b", "-n", "-o", "PAGES", str(data)], capture_output=True, text=True
+        )
+        return int(out.stdout.split()[0])
+
+    if cached_pages() != 0:
+        pytest.skip("this filesystem keeps its pages (tmpfs?)")
+    prefetch([str(data)], 1 << 16)
+    deadline = time.monotonic() + 5
+    while cached_pages() == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert 0 < cached_pages() < (1 << 20) // os.sysconf("SC_PAGE_SIZE")
