@@ -57,6 +57,11 @@ GGUF_XATTRS = (
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 
+# FUSE passthrough: the kernel reads a blob-backed file (read, splice, mmap) straight from the
+# blob, in the blob's own page cache. It takes a pyfuse3 built by scripts/build-passthrough, a
+# kernel >= 6.9 and CAP_SYS_ADMIN; short of that, reads come through the daemon as before.
+PASSTHROUGH_API = hasattr(pyfuse3, "backing_open")
+
 
 def _errno_for(exc: BaseException) -> int:
     if isinstance(exc, FileNotFoundError):
@@ -96,6 +101,8 @@ class _Handle:
     fd: int = -1
     fds: dict[Path, int] = field(default_factory=dict)
     digests: tuple[Digest, ...] = ()  # held in the mount's lease while open
+    backing_id: int = 0  # > 0: the kernel reads the blob itself (passthrough)
+    served: bool = False  # a blob file whose reads the daemon serves
 
 
 def _blobs_read(node: Node) -> tuple[Digest, ...]:
@@ -118,6 +125,10 @@ class ModelOperations(pyfuse3.Operations):
     """
 
     enable_writeback_cache = False
+    # Asked for at INIT by a pyfuse3 with passthrough (others ignore these). Depth 1: blobs may
+    # sit on overlayfs (a container's disk); the mount cannot be a layer of an overlayfs.
+    enable_passthrough = True
+    passthrough_stack_depth = 1
 
     def __init__(
         self,
@@ -139,6 +150,13 @@ class ModelOperations(pyfuse3.Operations):
         self._next_fh = itertools.count(1)
         self._gguf_xattrs: dict[int, dict[str, bytes]] = {}
         self.lease = lease
+        self.passthrough = False  # granted at INIT; off for good once a backing open gets EPERM
+        self._backing: dict[int, list[int]] = {}  # inode -> [backing id, opens using it]
+        self._served: dict[int, int] = {}  # blob file inode -> its opens the daemon serves
+
+    def init(self) -> None:
+        self.passthrough = PASSTHROUGH_API and pyfuse3.passthrough_negotiated()
+        log.debug("FUSE passthrough %s", "granted" if self.passthrough else "not available")
 
     def swap(self, tree: NameTree) -> None:
         # Old inodes stay resolvable: the kernel may still hold them (open files, cached
@@ -245,9 +263,46 @@ class ModelOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(_errno_for(exc)) from None
         fh = next(self._next_fh)
         self._handles[fh] = handle
+        if isinstance(node, BlobNode):
+            handle.backing_id = self._backing_for(node.inode, handle.fd)
+            if handle.backing_id:
+                # Reads never reach the mount's page cache, so it need not keep anything.
+                return pyfuse3.FileInfo(fh=fh, keep_cache=False, backing_id=handle.backing_id)
+            handle.served = True
+            self._served[node.inode] = self._served.get(node.inode, 0) + 1
         # Blob-backed content never changes under an inode, so the page cache may keep it
         # across opens; that is what makes a second read run at memory speed.
         return pyfuse3.FileInfo(fh=fh, keep_cache=True, direct_io=False)
+
+    def _backing_for(self, inode: int, fd: int) -> int:
+        """The backing id for a new open of a blob file, or 0 to serve its reads here.
+
+        The kernel runs an inode either through its own page cache or passthrough to one
+        backing file while any of its files is open (mmaps included): an open that would mix
+        the two, or bring a second backing id, fails with EIO. So opens of an inode share one
+        id while any is open, and an inode with opens served here gets none until they close.
+        """
+        shared = self._backing.get(inode)
+        if shared is not None:
+            shared[1] += 1
+            return shared[0]
+        if not self.passthrough or self._served.get(inode):
+            return 0
+        try:
+            backing_id: int = pyfuse3.backing_open(fd)
+        except OSError as exc:
+            if exc.errno == errno.EPERM:
+                self.passthrough = False
+                log.info(
+                    "FUSE passthrough off (%s; it takes CAP_SYS_ADMIN): "
+                    "the mount serves reads itself",
+                    exc.strerror,
+                )
+            else:  # e.g. ELOOP: a blob on a stacked filesystem deeper than allowed
+                log.debug("no passthrough for inode %d: %s", inode, exc)
+            return 0
+        self._backing[inode] = [backing_id, 1]
+        return backing_id
 
     def _open_files(self, node: Node, handle: _Handle) -> None:
         if isinstance(node, BlobNode):
@@ -301,6 +356,20 @@ class ModelOperations(pyfuse3.Operations):
             self._close(handle)
 
     def _close(self, handle: _Handle) -> None:
+        inode = handle.node.inode
+        if handle.backing_id:
+            shared = self._backing[inode]
+            shared[1] -= 1
+            if not shared[1]:
+                del self._backing[inode]
+                try:
+                    pyfuse3.backing_close(shared[0])
+                except OSError as exc:
+                    log.warning("closing backing id %d: %s", shared[0], exc.strerror)
+        elif handle.served:
+            left = self._served.pop(inode) - 1
+            if left:
+                self._served[inode] = left
         if handle.fd >= 0:
             os.close(handle.fd)
         for fd in handle.fds.values():

@@ -1,0 +1,165 @@
+"""FUSE passthrough for blob-backed files: one backing id per inode, never mixed with reads the
+daemon serves, and a clean fallback. The mount test needs the pyfuse3 that
+scripts/build-passthrough makes, root, and a kernel >= 6.9."""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import platform
+import types
+from pathlib import Path
+from typing import Any
+
+import pyfuse3
+import pytest
+
+from fsd.ops import PASSTHROUGH_API, ModelOperations
+from fsd.tree import BlobNode, InodeTable, TreeBuilder
+from store.digest import Digest
+from store.scan import scan_store
+from tests.builders import TinyStore
+from tests.mounting import fuse, mounted
+
+
+class FakeKernel:
+    """pyfuse3's backing_open/backing_close, as the kernel answers them."""
+
+    def __init__(self, fail: int = 0) -> None:
+        self.fail = fail
+        self.open_ids: set[int] = set()
+        self.calls = 0
+        self.next_id = 1
+
+    def backing_open(self, fd: int) -> int:
+        self.calls += 1
+        os.fstat(fd)  # a real, open fd
+        if self.fail:
+            raise OSError(self.fail, os.strerror(self.fail))
+        self.next_id += 1
+        self.open_ids.add(self.next_id)
+        return self.next_id
+
+    def backing_close(self, backing_id: int) -> None:
+        self.open_ids.remove(backing_id)
+
+
+@pytest.fixture
+def kernel(monkeypatch: pytest.MonkeyPatch) -> FakeKernel:
+    k = FakeKernel()
+    monkeypatch.setattr(pyfuse3, "backing_open", k.backing_open, raising=False)
+    monkeypatch.setattr(pyfuse3, "backing_close", k.backing_close, raising=False)
+    # pyfuse3 without passthrough has no FileInfo.backing_id
+    monkeypatch.setattr(pyfuse3, "FileInfo", lambda **kw: types.SimpleNamespace(**kw))
+    return k
+
+
+def blob_ops(tmp_path: Path) -> tuple[ModelOperations, BlobNode, BlobNode]:
+    tiny = TinyStore(tmp_path / "models")
+    tiny.gguf_model("a:1", payload=b"weights of a")
+    tree = TreeBuilder(InodeTable()).build(scan_store(tiny.root))
+    ops = ModelOperations(tree, 0, 0, tiny.root)
+    ops.passthrough = True  # as INIT grants it
+    one, two = list(tree.blob_nodes.values())[:2]
+    return ops, one, two
+
+
+async def opened(ops: ModelOperations, node: BlobNode) -> Any:
+    return await ops.open(node.inode, os.O_RDONLY, None)  # type: ignore[arg-type]
+
+
+async def test_opens_of_an_inode_share_one_backing_id(tmp_path: Path, kernel: FakeKernel) -> None:
+    ops, one, two = blob_ops(tmp_path)
+    a, b, c = await opened(ops, one), await opened(ops, one), await opened(ops, two)
+    assert a.backing_id == b.backing_id != c.backing_id
+    assert not a.keep_cache
+    assert kernel.calls == 2 and len(kernel.open_ids) == 2
+    await ops.release(a.fh)
+    assert a.backing_id in kernel.open_ids  # b still uses it
+    await ops.release(b.fh)
+    await ops.release(c.fh)
+    assert not kernel.open_ids and not ops._backing
+
+
+async def test_eperm_turns_passthrough_off_for_good(tmp_path: Path, kernel: FakeKernel) -> None:
+    ops, one, two = blob_ops(tmp_path)
+    kernel.fail = errno.EPERM
+    a = await opened(ops, one)
+    assert not hasattr(a, "backing_id") and a.keep_cache
+    assert not ops.passthrough
+    b = await opened(ops, two)
+    assert not hasattr(b, "backing_id") and kernel.calls == 1
+    assert await ops.read(b.fh, 0, 5) == two.path.read_bytes()[:5]
+    await ops.release(a.fh)
+    await ops.release(b.fh)
+    assert not ops._served
+
+
+async def test_an_inode_served_here_gets_no_backing_id_until_closed(
+    tmp_path: Path, kernel: FakeKernel
+) -> None:
+    # Mixing would fail the open with EIO in the kernel.
+    ops, one, _ = blob_ops(tmp_path)
+    kernel.fail = errno.ELOOP  # this blob's filesystem is stacked too deep
+    a = await opened(ops, one)
+    kernel.fail = 0
+    b = await opened(ops, one)
+    assert not hasattr(b, "backing_id") and kernel.calls == 1 and ops.passthrough
+    await ops.release(a.fh)
+    await ops.release(b.fh)
+    c = await opened(ops, one)
+    assert c.backing_id and kernel.calls == 2
+    await ops.release(c.fh)
+    assert not kernel.open_ids
+
+
+async def test_a_shared_id_outlives_passthrough_being_turned_off(
+    tmp_path: Path, kernel: FakeKernel
+) -> None:
+    ops, one, two = blob_ops(tmp_path)
+    a = await opened(ops, one)
+    kernel.fail = errno.EPERM
+    await opened(ops, two)
+    assert not ops.passthrough
+    b = await opened(ops, one)  # still the inode's id: a plain open would fail with EIO
+    assert b.backing_id == a.backing_id
+
+
+async def test_without_passthrough_nothing_changes(tmp_path: Path, kernel: FakeKernel) -> None:
+    ops, one, _ = blob_ops(tmp_path)
+    ops.passthrough = False
+    a = await opened(ops, one)
+    assert a.keep_cache and not hasattr(a, "backing_id") and kernel.calls == 0
+
+
+def kernel_has_passthrough() -> bool:
+    major, minor = (int(x) for x in platform.release().split(".")[:2])
+    return (major, minor) >= (6, 9)
+
+
+@fuse
+@pytest.mark.skipif(
+    not (PASSTHROUGH_API and os.geteuid() == 0 and kernel_has_passthrough()),
+    reason="needs pyfuse3 from scripts/build-passthrough, root and Linux >= 6.9",
+)
+def test_the_kernel_reads_blob_files_itself(tmp_path: Path) -> None:
+    tiny = TinyStore(tmp_path / "models")
+    weights = os.urandom(8 << 20)
+    tiny.gguf_model("m:1", payload=weights)
+    mnt = tmp_path / "mnt"
+    with mounted(tiny.root, mnt) as proc:
+
+        def daemon_read_bytes() -> int:
+            with open(f"/proc/{proc.pid}/io") as f:
+                return int(next(line for line in f if line.startswith("rchar:")).split()[1])
+
+        path = mnt / "m" / "1" / "model.gguf"
+        before = daemon_read_bytes()
+        with open(path, "rb") as f, open(path, "rb") as g:
+            assert f.read() == weights
+            with mmap.mmap(g.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                assert mm[-100:] == weights[-100:]
+        # The same blob by another name is the same inode: it shares the backing file.
+        assert (mnt / ".blobs" / Digest.of_bytes(weights).blob_name).read_bytes() == weights
+        assert daemon_read_bytes() - before < len(weights) // 4
