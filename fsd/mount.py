@@ -186,6 +186,7 @@ class Mount:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._signals)
             nursery.start_soon(self._watch)
+            nursery.start_soon(self.ops.linger)
             nursery.start_soon(trio.to_thread.run_sync, raise_read_ahead, self.mountpoint)
             log.info(
                 "mounted %s on %s (%d models)",
