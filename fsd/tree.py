@@ -36,6 +36,7 @@ from store.compat import (
     may_need_view,
     mmproj_view,
 )
+from store.compat.decisions import Decisions
 from store.digest import Digest
 from store.errors import StoreError
 from store.files import ModelFile, model_files
@@ -263,15 +264,21 @@ class TreeBuilder:
         # ... and the views of separate projector blobs (mmproj.gguf layers).
         self.mmproj: dict[Digest, GGUFView | str | None] = {}
         self.compute_cache: ComputeCache | None = None
+        # Which blobs get views, from earlier mounts: a view is made when first looked into.
+        self.decisions: Decisions | None = None
 
     def build(self, index: StoreIndex) -> NameTree:
         # A build makes ~20 objects per model and keeps them all; the cyclic collector would
         # walk them again and again while they are being made, for nothing.
         gc_was_enabled = gc.isenabled()
         gc.disable()
+        if self.decisions is None:
+            self.decisions = Decisions(index.layout)
+        self.decisions.forget_use()
         try:
             return _Build(self, index).run()
         finally:
+            self.decisions.save()
             if gc_was_enabled:
                 gc.enable()
 
@@ -659,19 +666,71 @@ class _Build:
                 problems.append(f"llama.cpp/mmproj.gguf not shown: {view}")
         return files, problems
 
+    def _decision(self, kind: str, digest: Digest) -> str:
+        """Whether a blob gets a view (see store.compat.decisions), without reading it when
+        this mount or an earlier one decided already."""
+        made = self.compat if kind == "model" else self.mmproj
+        decisions = self.builder.decisions
+        assert decisions is not None
+        if digest not in made and (known := decisions.get(kind, digest)) is not None:
+            return known
+        result = self.compat_views(digest) if kind == "model" else self.mmproj_view(digest)
+        if result is None:
+            value = "none"
+        elif isinstance(result, str):
+            value = f"error: {result}"
+        elif isinstance(result, CompatViews):
+            value = "model+mmproj" if result.mmproj is not None else "model"
+        else:
+            value = "view"
+        decisions.put(kind, digest, value)
+        return value
+
+    def _compat_shape(self, plan: _Plan, v: Variant) -> tuple[bool, list[str]]:
+        """Will `llama.cpp/` be there, and why any view is not shown: `_compat_files` told
+        from the decisions, so that nothing is read for a model decided before."""
+        if v.runner in COMPATIBLE_RUNNERS:
+            return False, []
+        shown = {f.path: f for f, _ in plan.shown}
+        model, projector = shown.get("model.gguf"), shown.get("mmproj.gguf")
+        if model is None:
+            return False, []
+        problems: list[str] = []
+        decided = self._decision("model", model.layer.digest)
+        if decided.startswith("error: "):
+            problems.append(f"llama.cpp/ not shown: {decided.removeprefix('error: ')}")
+        shows = decided.startswith("model")
+        if projector is not None and decided != "model+mmproj":
+            decided = self._decision("mmproj", projector.layer.digest)
+            if decided.startswith("error: "):
+                why = decided.removeprefix("error: ")
+                problems.append(f"llama.cpp/mmproj.gguf not shown: {why}")
+            shows = shows or decided == "view"
+        return shows, problems
+
     def _shows_compat(self, plan: _Plan, v: Variant) -> bool:
         """Will the model directory hold `llama.cpp/`? (Its link count says so before it is
         filled.)"""
-        return bool(self._compat_files(plan, v)[0])
+        return self._compat_shape(plan, v)[0]
 
     def _add_compat(self, d: DirNode, plan: _Plan, v: Variant, mtime_ns: int) -> list[str]:
-        """`llama.cpp/` in the model directory `d`, if it has one; its status lines."""
-        files, problems = self._compat_files(plan, v)
-        if not files:
-            return problems
+        """`llama.cpp/` in the model directory `d`, if it has one, filled on first use (the
+        views are made then); its status lines."""
+        shows, problems = self._compat_shape(plan, v)
+        if shows:
+            holder = self._mkdirs(d, ("llama.cpp",), mtime_ns)
+            holder._fill = functools.partial(self._fill_compat, plan, v, mtime_ns)
+        return problems
+
+    def _fill_compat(self, plan: _Plan, v: Variant, mtime_ns: int, holder: DirNode) -> None:
+        try:
+            # The views of a blob decided at an earlier mount are made here, on first use.
+            files, _ = self._compat_files(plan, v)
+        except Exception:
+            log.exception("%s: llama.cpp/ not filled", "/".join(holder.path))
+            return
         if self.builder.compute_cache is None:
             self.builder.compute_cache = ComputeCache(self.index.layout.compat)
-        holder = self._mkdirs(d, ("llama.cpp",), mtime_ns)
         for digest, view in files:
             node = CompatNode(
                 self.inodes.get(("compat", digest, view.kind)),
@@ -687,7 +746,6 @@ class _Build:
             )
             self.register(node)
             holder._children[f"{view.kind}.gguf"] = node
-        return problems
 
     def _merged_node(self, merged: MergedSafetensors, mtime_ns: int) -> MergedNode:
         key = ("merged", tuple(s.path.name for s in merged.segments), len(merged.header))

@@ -36,7 +36,7 @@ from store.manifest import (
     parse_manifest,
 )
 from store.names import Name, name_from_path_parts, parse_name
-from store.prefetch import HEAD, prefetch
+from store.prefetch import HEAD, cached, prefetch
 
 log = logging.getLogger(__name__)
 
@@ -290,13 +290,15 @@ class Scanner:
             for root, v2 in ((self.layout.manifests_v2, True), (self.layout.manifests, False))
         ]
         if not (self.cache and self.cache.manifests):  # a rescan finds it all in memory
-            prefetch(
+            tag_paths = [
                 de.path
                 for _, _, items in trees
                 for _, de, problem in items
                 if de is not None and not problem and de.is_file(follow_symlinks=False)
-            )
-            prefetch(blob_paths, HEAD)
+            ]
+            if not (cached(tag_paths) and cached(blob_paths)):
+                prefetch(tag_paths)
+                prefetch(blob_paths, HEAD)
         for root, v2, items in trees:
             self._scan_tree(root, items, v2=v2)
         for entry in self.index.entries.values():

@@ -2035,6 +2035,69 @@ def test_a_lazy_model_dir_counts_its_llama_cpp_dir_before_it_is_filled(tmp_path:
     assert "llama.cpp" not in plain.children and plain.nlink == before
 
 
+def test_a_later_mount_reads_no_header_until_llama_cpp_is_looked_into(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    import fsd.tree
+    from fsd.tree import CompatNode, DirNode, InodeTable, TreeBuilder
+    from store.compat.decisions import Decisions
+    from store.names import parse_name
+    from store.scan import scan_store
+
+    tiny, _ = compat_store(tmp_path)
+    first = TreeBuilder(InodeTable()).build(scan_store(tiny.root))
+    first_dir = first.root.children["gemma3"].children["tiny"].children["llama.cpp"]
+    first_view = first_dir.children["model.gguf"]
+    assert isinstance(first_view, CompatNode)
+    decided = json.loads((tiny.layout.state / "compat-decisions.json").read_bytes())
+    assert sorted(decided["decisions"].values()) == ["model+mmproj", "none"]  # gemma3, plain
+
+    # The next mount: nothing reads a GGUF header while building, link counts included.
+    made: list[Path] = []
+    real_views, real_peek = fsd.tree.compat_views, fsd.tree.may_need_view
+
+    def watched(path: Path, source_hex: str) -> object:
+        made.append(path)
+        return real_views(path, source_hex)
+
+    def no_peek(path: Path) -> bool:
+        raise AssertionError(f"peeked at {path}")
+
+    monkeypatch.setattr(fsd.tree, "compat_views", watched)
+    monkeypatch.setattr(fsd.tree, "may_need_view", no_peek)
+    tree = TreeBuilder(InodeTable()).build(scan_store(tiny.root))
+    short = tree.root.children["gemma3"].children["tiny"]
+    assert isinstance(short, DirNode) and short.nlink == 4  # .., .ollama/, llama.cpp/
+    assert "llama.cpp" in short.children and "llama.cpp" not in (
+        tree.root.children["plain"].children["tiny"].children
+    )
+    holder = short.children["llama.cpp"]
+    assert isinstance(holder, DirNode) and not holder.loaded and made == []
+    monkeypatch.setattr(fsd.tree, "may_need_view", real_peek)
+    view = holder.children["model.gguf"]  # first use: the view is made now, once
+    assert len(made) == 1 and isinstance(view, CompatNode)
+    assert view.size == first_view.size and view.inode != 0
+    fd = os.open(view.path, os.O_RDONLY)
+    try:
+        assert view.read(fd, 0, view.size) == first_view.read(fd, 0, first_view.size)
+    finally:
+        os.close(fd)
+
+    # A damaged file is decided again, and rewritten with only the blobs still met.
+    monkeypatch.undo()
+    path = tiny.layout.state / "compat-decisions.json"
+    path.write_bytes(b"{broken")
+    assert Decisions(tiny.layout).get("model", view.digest) is None
+    tiny.layout.legacy_manifest(parse_name("plain:tiny")).unlink()
+    tree = TreeBuilder(InodeTable()).build(scan_store(tiny.root))
+    assert "llama.cpp" in tree.root.children["gemma3"].children["tiny"].children
+    assert json.loads(path.read_bytes())["decisions"] == {
+        f"model:{view.digest.hex}": "model+mmproj"
+    }
+
+
 # -- separate projectors (LLaVA's, without clip.projector_type) ---------------------------
 
 

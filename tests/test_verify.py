@@ -399,10 +399,10 @@ def test_unreadable_blob_is_reported_not_a_crash(
     m = Model(tmp_path / "models")
     real = os.preadv
 
-    def failing(fd: int, buffers: list[memoryview], offset: int) -> int:
+    def failing(fd: int, buffers: list[memoryview], offset: int, flags: int = 0) -> int:
         if os.readlink(f"/proc/self/fd/{fd}").endswith(m.digest.blob_name):
             raise OSError(errno.EIO, "Input/output error")
-        return real(fd, buffers, offset)
+        return real(fd, buffers, offset, flags)
 
     monkeypatch.setattr(sv.os, "preadv", failing)
     report = run_verify(m.root, VerifyOptions())

@@ -36,6 +36,8 @@ GGML_F32 = 0
 GGML_F16 = 1
 GGML_BF16 = 30
 
+TOKEN_WINDOW = 32
+
 
 @dataclass(frozen=True, slots=True)
 class KVItem:
@@ -102,6 +104,9 @@ class Draft:
     notes: list[str] = field(default_factory=list)
     handler: str = ""
     file: BinaryIO | None = None  # the source, for arrays too long to be in `header`
+    # Tokens read from the source by index. A detector asks for a few neighbours (Llama 3's
+    # 128006 and 128009), and each read walks the vocabulary from its start: one walk, then.
+    _tokens: dict[int, str] = field(default_factory=dict, repr=False)
 
     @classmethod
     def of(cls, header: GGUFHeader, file: BinaryIO | None = None) -> Draft:
@@ -153,8 +158,11 @@ class Draft:
         limit = item.value.length
         if item.span is None or self.file is None or not 0 <= index < limit:
             return None
-        (token,) = read_array(self.file, item.span, index, 1)
-        return token
+        if index not in self._tokens:
+            first = max(0, index - TOKEN_WINDOW // 2)
+            tokens = read_array(self.file, item.span, first, TOKEN_WINDOW)
+            self._tokens.update(enumerate(tokens, first))
+        return self._tokens[index]
 
     def string_equals(self, key: str, want: str) -> bool:  # string_kv_equals
         return self.str_value(key) == want
