@@ -104,6 +104,7 @@ class Mount:
         self._signature: tuple[object, ...] = ()
         self.watch: StoreWatch | None = None
         self.scan_cache = ScanCache()  # a rescan re-reads only the tag files that changed
+        self._rescan_asked = False  # by SIGHUP
         self._waiting = trio.CancelScope()  # the watch loop's current wait, cut short by SIGHUP
 
     def _store_readable(self) -> bool:
@@ -187,6 +188,7 @@ class Mount:
             nursery.start_soon(self._signals)
             nursery.start_soon(self._watch)
             nursery.start_soon(self.ops.linger)
+            nursery.start_soon(self._make_views)
             nursery.start_soon(trio.to_thread.run_sync, raise_read_ahead, self.mountpoint)
             log.info(
                 "mounted %s on %s (%d models)",
@@ -200,11 +202,19 @@ class Mount:
             await pyfuse3.main()
             nursery.cancel_scope.cancel()
 
+    async def _make_views(self) -> None:
+        # Views decided at an earlier mount are made here, off the request loop, so that a
+        # first look into `llama.cpp/` does not stall every request while a header is read.
+        tree = self.ops.tree
+        made = await trio.to_thread.run_sync(tree.make_views)
+        if made:
+            log.debug("%d llama.cpp view(s) made", made)
+
     async def _signals(self) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             async for signum in signals:
                 if signum == signal.SIGHUP:
-                    self._signature = ()  # rescan now
+                    self._rescan_asked = True  # kept until a rescan starts, even mid-rescan
                     self._waiting.cancel()
                     continue
                 log.info("%s: unmounting", signal.Signals(signum).name)
@@ -230,6 +240,8 @@ class Mount:
         """Sleep until inotify reports something or the poll interval is up; returns the watch,
         or None once inotify gave out (then polling alone keeps the view in step)."""
         interval = POLL_INTERVAL if watch is None or watch.remote else SAFETY_INTERVAL
+        if self._rescan_asked:  # a SIGHUP during the last rescan
+            return watch
         with trio.move_on_after(interval) as self._waiting:
             if watch is None:
                 await trio.sleep_forever()
@@ -247,8 +259,9 @@ class Mount:
     async def _follow(self, watch: StoreWatch | None) -> None:
         while True:
             watch = await self._wait_for_change(watch)
+            asked, self._rescan_asked = self._rescan_asked, False
             signature = await trio.to_thread.run_sync(store_signature, self.layout)
-            if signature == self._signature:
+            if signature == self._signature and not asked:
                 continue
             if not await trio.to_thread.run_sync(self._store_readable):
                 # A store that vanished (unmounted NFS, a renamed dir) is not an empty store.

@@ -264,13 +264,7 @@ class ModelOperations(pyfuse3.Operations):
             await self.lease.hold(digests)
             handle.digests = digests
         self._close_idle_backing()
-        shared = self._backing.get(inode)
-        if shared is not None:
-            # The kernel reads this inode from its backing file; the daemon needs no fd.
-            shared[1] += 1
-            self._idle_backing.pop(inode, None)
-            handle.backing_id = shared[0]
-        else:
+        if inode not in self._backing:
             try:
                 # In a thread: on a hung NFS store an open blocks, and must not block the mount.
                 await trio.to_thread.run_sync(self._open_files, node, handle)
@@ -278,14 +272,23 @@ class ModelOperations(pyfuse3.Operations):
                 self._close(handle)
                 log.error("open %s: %s", getattr(node, "path", node.inode), exc)
                 raise pyfuse3.FUSEError(_errno_for(exc)) from None
-            if isinstance(node, BlobNode):
-                handle.backing_id = self._backing_for(node.inode, handle.fd)
-                if handle.backing_id:
-                    os.close(handle.fd)  # the backing id holds the blob open now
-                    handle.fd = -1
-                else:
+        # No await from here to the reply: an open of the same inode that ran alongside this
+        # one (eight ranks loading one model) has settled its way, and this one follows it.
+        if isinstance(node, BlobNode):
+            shared = self._backing.get(inode)
+            if shared is not None:
+                # The kernel reads this inode from its backing file; the daemon needs no fd.
+                shared[1] += 1
+                self._idle_backing.pop(inode, None)
+                handle.backing_id = shared[0]
+            else:
+                handle.backing_id = self._backing_for(inode, handle.fd)
+                if not handle.backing_id:
                     handle.served = True
-                    self._served[node.inode] = self._served.get(node.inode, 0) + 1
+                    self._served[inode] = self._served.get(inode, 0) + 1
+            if handle.backing_id and handle.fd >= 0:
+                os.close(handle.fd)  # the backing id holds the blob open now
+                handle.fd = -1
         fh = next(self._next_fh)
         self._handles[fh] = handle
         if handle.backing_id:
@@ -373,6 +376,9 @@ class ModelOperations(pyfuse3.Operations):
             self._close(handle)
 
     def _close(self, handle: _Handle) -> None:
+        if handle.digests and self.lease is not None:
+            # Written lazily, and later still: a late drop only keeps more.
+            self.lease.drop(handle.digests, linger=LINGER)
         inode = handle.node.inode
         if handle.backing_id:
             shared = self._backing[inode]
@@ -387,9 +393,6 @@ class ModelOperations(pyfuse3.Operations):
             os.close(handle.fd)
         for fd in handle.fds.values():
             os.close(fd)
-        if handle.digests and self.lease is not None:
-            # Written lazily, and later still: a late drop only keeps more.
-            self.lease.drop(handle.digests, linger=LINGER)
         self._close_idle_backing()
 
     def _close_idle_backing(self, *, all_of_them: bool = False) -> None:

@@ -225,6 +225,12 @@ class NameTree:
         if self._build is not None:
             self._build.attach(sink)
 
+    def make_views(self) -> int:
+        """Make the llama.cpp views this tree will show, ahead of their first use (in a worker
+        thread, after the mount is ready): filling `llama.cpp/` in the request loop is then
+        only placing nodes. Returns how many were made."""
+        return self._build.make_views() if self._build is not None else 0
+
     def retire(self) -> None:
         """A newer tree is served: what this one still makes never displaces the newer one's
         node of the same inode (an inode's content is the same in both by construction; this
@@ -685,6 +691,16 @@ class _Build:
             value = "view"
         decisions.put(kind, digest, value)
         return value
+
+    def make_views(self) -> int:
+        decisions = self.builder.decisions
+        made = 0
+        for kind, digest in decisions.views() if decisions is not None else ():
+            cache = self.compat if kind == "model" else self.mmproj
+            if digest not in cache:
+                (self.compat_views if kind == "model" else self.mmproj_view)(digest)
+                made += 1
+        return made
 
     def _compat_shape(self, plan: _Plan, v: Variant) -> tuple[bool, list[str]]:
         """Will `llama.cpp/` be there, and why any view is not shown: `_compat_files` told

@@ -74,6 +74,8 @@ REMOTE_MAGIC = {
     0x564C: "ncp",
     0xAAD7AAEA: "panfs",
     0x19830326: "fhgfs/beegfs",
+    0x01161970: "gfs2",
+    0x7461636F: "ocfs2",
 }
 
 
@@ -140,7 +142,10 @@ class StoreWatch:
         """Watch one dir; False when it is not there (it may appear later)."""
         if self._max is not None and len(self._dirs) >= self._max:
             raise WatchError(f"inotify: more than {self._max} dirs to watch")
-        wd = _libc.inotify_add_watch(self._fd, os.fsencode(path), DIR_EVENTS | ADD_FLAGS)
+        # The store, its blobs dir and its manifests trees may be links (to another disk),
+        # which the scan follows; below them, a link is not a model dir.
+        flags = DIR_EVENTS | (IN_ONLYDIR if depth <= 0 else ADD_FLAGS)
+        wd = _libc.inotify_add_watch(self._fd, os.fsencode(path), flags)
         if wd < 0:
             err = ctypes.get_errno()
             if err in (errno.ENOENT, errno.ENOTDIR):
@@ -203,9 +208,11 @@ class StoreWatch:
             return
         child = os.path.join(path, name)
         if depth == -1:
-            # A manifests tree made (or moved in) whole after the watch began.
+            # A manifests tree or blobs dir made (or moved in) whole after the watch began.
             if child in (str(self.layout.manifests), str(self.layout.manifests_v2)):
                 self._add_tree(child, 0)
+            elif child == str(self.layout.blobs):
+                self._add(child, -1)
         elif depth < MANIFEST_DEPTH:
             self._add_tree(child, depth + 1)
 

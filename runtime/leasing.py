@@ -19,6 +19,8 @@ at every hold and heartbeat.
 from __future__ import annotations
 
 import contextlib
+import heapq
+import itertools
 import logging
 from collections.abc import AsyncIterator, Iterable
 
@@ -39,7 +41,9 @@ class LiveLease:
         self.closed = False
         self._lock = trio.Lock()
         self._changed = trio.Event()
-        self._lingering: list[tuple[float, tuple[Digest, ...], tuple[Digest, ...]]] = []
+        # (due, order, digests, manifests): a heap, earliest first
+        self._lingering: list[tuple[float, int, tuple[Digest, ...], tuple[Digest, ...]]] = []
+        self._order = itertools.count()
 
     async def hold(self, digests: Iterable[Digest] = (), manifests: Iterable[Digest] = ()) -> None:
         """Hold, and return once the lease on disk says so (or, not strict, failed to)."""
@@ -65,8 +69,11 @@ class LiveLease:
         hold on disk already instead of waiting for a second fsynced write."""
         if linger > 0:
             due = trio.current_time() + linger
-            self._lingering.append((due, tuple(digests), tuple(manifests)))
-            self._changed.set()  # `run` sets its alarm by the earliest
+            earliest = not self._lingering or due < self._lingering[0][0]
+            item = (due, next(self._order), tuple(digests), tuple(manifests))
+            heapq.heappush(self._lingering, item)
+            if earliest:
+                self._changed.set()  # `run` sets its alarm by the earliest
             return
         self.keeper.drop(digests, manifests)
         if self.keeper.dirty:
@@ -74,11 +81,9 @@ class LiveLease:
 
     def _drop_due(self) -> None:
         now = trio.current_time()
-        due = [x for x in self._lingering if x[0] <= now]
-        if due:
-            self._lingering = [x for x in self._lingering if x[0] > now]
-            for _, digests, manifests in due:
-                self.keeper.drop(digests, manifests)
+        while self._lingering and self._lingering[0][0] <= now:
+            _, _, digests, manifests = heapq.heappop(self._lingering)
+            self.keeper.drop(digests, manifests)
 
     async def _save(self, *, touch: bool = False) -> None:
         """Write the lease if it changed since it was last written, else touch it if asked."""
@@ -111,7 +116,7 @@ class LiveLease:
         """Write changes soon after they happen; touch the file every `heartbeat` seconds."""
         beat = trio.current_time() + self.heartbeat
         while True:
-            alarm = min([beat, *(due for due, _, _ in self._lingering)])
+            alarm = min(beat, self._lingering[0][0]) if self._lingering else beat
             with trio.move_on_at(alarm):
                 await self._changed.wait()
             self._changed = trio.Event()

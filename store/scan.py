@@ -289,7 +289,9 @@ class Scanner:
             (root, v2, list(walk_manifest_tree(root)))
             for root, v2 in ((self.layout.manifests_v2, True), (self.layout.manifests, False))
         ]
-        if not (self.cache and self.cache.manifests):  # a rescan finds it all in memory
+        # The first scan of a long-lived view (a mount, a server) reads everything and waits on
+        # the disk; a rescan finds it in memory, and a command's one scan reads less.
+        if self.cache is not None and not self.cache.manifests:
             tag_paths = [
                 de.path
                 for _, _, items in trees

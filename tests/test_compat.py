@@ -2076,7 +2076,10 @@ def test_a_later_mount_reads_no_header_until_llama_cpp_is_looked_into(
     holder = short.children["llama.cpp"]
     assert isinstance(holder, DirNode) and not holder.loaded and made == []
     monkeypatch.setattr(fsd.tree, "may_need_view", real_peek)
-    view = holder.children["model.gguf"]  # first use: the view is made now, once
+    # Made ahead of first use (the mount does this in a thread once it is ready) ...
+    assert tree.make_views() == 1 and len(made) == 1
+    assert tree.make_views() == 0
+    view = holder.children["model.gguf"]  # ... so the first use only places the nodes
     assert len(made) == 1 and isinstance(view, CompatNode)
     assert view.size == first_view.size and view.inode != 0
     fd = os.open(view.path, os.O_RDONLY)
@@ -2088,6 +2091,10 @@ def test_a_later_mount_reads_no_header_until_llama_cpp_is_looked_into(
     # A damaged file is decided again, and rewritten with only the blobs still met.
     monkeypatch.undo()
     path = tiny.layout.state / "compat-decisions.json"
+    good = path.read_bytes()
+    assert Decisions(tiny.layout).get("model", view.digest) == "model+mmproj"
+    path.write_bytes(good.replace(b'"rules": "', b'"rules": "other modelfs '))
+    assert Decisions(tiny.layout).get("model", view.digest) is None  # other rules decided
     path.write_bytes(b"{broken")
     assert Decisions(tiny.layout).get("model", view.digest) is None
     tiny.layout.legacy_manifest(parse_name("plain:tiny")).unlink()

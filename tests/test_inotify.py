@@ -115,3 +115,19 @@ def test_a_missing_store_is_not_an_empty_watch(tmp_path: Path) -> None:
 
     with pytest.raises(WatchError, match="is missing"):
         StoreWatch(Layout(tmp_path / "nowhere"))
+
+
+def test_linked_trees_and_a_late_blobs_dir_are_watched(tmp_path: Path) -> None:
+    tiny = TinyStore(tmp_path / "models")
+    tiny.gguf_model("m:1")
+    # manifests/ on another disk, linked in (the scan follows the link, so must the watch).
+    real = tmp_path / "elsewhere"
+    tiny.layout.manifests.rename(real)
+    tiny.layout.manifests.symlink_to(real)
+    blobs_away = tmp_path / "blobs-away"
+    tiny.layout.blobs.rename(blobs_away)
+    with StoreWatch(tiny.layout) as watch:
+        assert wakes(watch, lambda: tiny.legacy("n:1", b"{}"))
+        assert not wakes(watch, timeout=0.3)
+        assert wakes(watch, lambda: blobs_away.rename(tiny.layout.blobs))
+        assert wakes(watch, lambda: (tiny.layout.blobs / ("sha256-" + "0" * 64)).write_bytes(b""))

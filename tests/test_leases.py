@@ -436,3 +436,30 @@ async def test_a_blob_pruned_during_the_pull_is_fetched_again(tmp_path: Path) ->
     assert tree(b.root) == tree(tiny.root)
     assert assert_store_sound(b.root) == []
     assert lease_files(b.root) == []
+
+
+async def test_a_lingering_drop_keeps_the_hold_a_moment_and_a_reopen_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    from runtime.leasing import leased
+
+    layout = Layout(tmp_path / "store")
+    keeper = LeaseKeeper(layout, "mount", host="h")
+    async with leased(keeper, strict=True, heartbeat=60) as lease:
+        await lease.hold([D1])
+        written = keeper.written
+        inode = keeper.path.stat().st_ino
+        lease.drop([D1], linger=0.3)
+        lease.drop([D2], linger=0.2)  # never held: a drop of nothing changes nothing
+        await trio.sleep(0.1)
+        await lease.hold([D1])  # opened again within the moment: no write
+        assert keeper.written == written and keeper.path.stat().st_ino == inode
+        lease.drop([D1], linger=0.3)
+        await trio.sleep(0.1)
+        assert D1 in read_leases(layout).live[0].digests
+        for _ in range(40):
+            if D1 not in read_leases(layout).live[0].digests:
+                break
+            await trio.sleep(0.05)
+        assert D1 not in read_leases(layout).live[0].digests
+        assert keeper.written > written

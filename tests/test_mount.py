@@ -342,3 +342,31 @@ def test_a_vanished_store_keeps_the_last_view(tmp_path: Path) -> None:
         (tmp_path / "gone").rename(tiny.root)
         tiny.gguf_model("n:1", payload=b"more")
         assert wait_until(lambda: "n" in os.listdir(mnt), timeout=4)
+
+
+def test_sighup_rescans_what_the_change_detection_cannot_see(tmp_path: Path) -> None:
+    tiny = TinyStore(tmp_path / "models")
+    tiny.gguf_model("m:1", payload=b"weights A")
+    path = tiny.layout.legacy_manifest(parse_name("m:1"))
+    other = tiny.manifest(  # its blobs are in the store before the mount
+        [
+            tiny.layer("model", b"weights B"),
+            tiny.layer("template", b"{{ .Prompt }}"),
+            tiny.layer("license", b"MIT"),
+        ],
+        {"model_format": "gguf", "model_family": "llama", "file_type": "Q4_K_M"},
+    )
+    st = path.stat()
+    assert len(other) == st.st_size
+    mnt = tmp_path / "mnt"
+    with mounted(tiny.root, mnt) as proc:
+        model = mnt / "m" / "1" / "model.gguf"
+        assert model.read_bytes() == b"weights A"
+        # Same size, mtime put back: the store's fingerprint cannot tell (only the ctime moved).
+        with open(path, "r+b") as f:
+            f.write(other)
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+        time.sleep(1.5)
+        assert model.read_bytes() == b"weights A"  # not seen: that is what SIGHUP is for
+        proc.send_signal(signal.SIGHUP)
+        assert wait_until(lambda: model.read_bytes() == b"weights B")

@@ -9,6 +9,7 @@ import gzip
 import mmap
 import os
 import platform
+import time
 import types
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,34 @@ async def test_opens_of_an_inode_share_one_backing_id(tmp_path: Path, kernel: Fa
     assert a.backing_id in kernel.open_ids  # b still uses it
     await ops.release(b.fh)
     await ops.release(c.fh)
+    assert not kernel.open_ids and not ops._backing
+
+
+async def test_opens_at_the_same_time_share_one_backing_id(
+    tmp_path: Path, kernel: FakeKernel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Eight ranks open one model together: each open's blob open runs in a thread, and a
+    # second backing id for the inode would fail that open with EIO in the kernel.
+    ops, one, _ = blob_ops(tmp_path)
+    real = ops._open_files
+
+    def slow(node: Any, handle: Any) -> None:
+        time.sleep(0.05)
+        real(node, handle)
+
+    monkeypatch.setattr(ops, "_open_files", slow)
+    infos: list[Any] = []
+
+    async def open_one() -> None:
+        infos.append(await opened(ops, one))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(8):
+            nursery.start_soon(open_one)
+    assert len({i.backing_id for i in infos}) == 1 and kernel.calls == 1
+    assert all(h.fd == -1 for h in ops._handles.values())  # no fd left behind
+    for info in infos:
+        await ops.release(info.fh)
     assert not kernel.open_ids and not ops._backing
 
 

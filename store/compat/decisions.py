@@ -15,8 +15,10 @@ again at the next mount: the error may pass (an NFS hiccup).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+from pathlib import Path
 
 from store.digest import Digest
 from store.layout import Layout
@@ -26,6 +28,18 @@ log = logging.getLogger(__name__)
 
 NAME = "compat-decisions.json"
 VERSION = 1
+
+
+def _rules() -> str:
+    """A fingerprint of the code that decides: a release (or another host's modelfs) with
+    other rules must not be trusted to have decided as this one would."""
+    h = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+RULES = _rules()
 _VALID = ("none", "model", "model+mmproj", "view")
 
 
@@ -41,7 +55,11 @@ class Decisions:
         try:
             with open(self.path, "rb") as f:
                 data = json.loads(f.read(16 << 20))
-            if isinstance(data, dict) and data.get("version") == VERSION:
+            if (
+                isinstance(data, dict)
+                and data.get("version") == VERSION
+                and data.get("rules") == RULES
+            ):
                 known = data.get("decisions")
                 if isinstance(known, dict):
                     self._known = {
@@ -82,13 +100,26 @@ class Decisions:
             return
         for key in stale:
             del self._known[key]
-        body = {"version": VERSION, "decisions": dict(sorted(self._known.items()))}
+        body = {
+            "version": VERSION,
+            "rules": RULES,
+            "decisions": dict(sorted(self._known.items())),
+        }
         try:
             write_atomic(self.path, json.dumps(body, indent=0).encode(), self.layout.root)
         except OSError as exc:
             log.debug("%s: not written: %s", self.path, exc.strerror or exc)
             return
         self._dirty = False
+
+    def views(self) -> list[tuple[str, Digest]]:
+        """(kind, digest) of the blobs the last build met that get a view."""
+        out = []
+        for key in sorted(self._used):
+            if self._known.get(key, "none") != "none":
+                kind, hex_ = key.split(":", 1)
+                out.append((kind, Digest(hex_)))
+        return out
 
     def forget_use(self) -> None:
         """A new build begins: what it meets is what the next save keeps."""
