@@ -174,6 +174,9 @@ class ModelOperations(pyfuse3.Operations):
         self.tree = tree
         self.nodes.update(tree.nodes)
         tree.attach(self)
+        # The store changed, a blob may be gone (GC, a quarantine): the next open of an idle
+        # inode opens its blob again, with the checks that come with it.
+        self._close_idle_backing(all_of_them=True)
 
     # -- attributes ----------------------------------------------------------------------
     def _node(self, inode: int) -> Node:
@@ -276,6 +279,11 @@ class ModelOperations(pyfuse3.Operations):
         # one (eight ranks loading one model) has settled its way, and this one follows it.
         if isinstance(node, BlobNode):
             shared = self._backing.get(inode)
+            if shared is not None and not self.tree.has_blob(node.digest):
+                # Another open still reads the blob it had open; a new one may not, once the
+                # store no longer has it (a quarantined blob is never served anew).
+                self._close(handle)
+                raise pyfuse3.FUSEError(errno.ENOENT)
             if shared is not None:
                 # The kernel reads this inode from its backing file; the daemon needs no fd.
                 shared[1] += 1
@@ -397,6 +405,8 @@ class ModelOperations(pyfuse3.Operations):
 
     def _close_idle_backing(self, *, all_of_them: bool = False) -> None:
         """Let go of backing files no open has used for LINGER seconds."""
+        if not self._idle_backing:
+            return
         now = trio.current_time()
         for inode, due in list(self._idle_backing.items()):
             if due <= now or all_of_them:

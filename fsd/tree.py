@@ -225,6 +225,11 @@ class NameTree:
         if self._build is not None:
             self._build.attach(sink)
 
+    def has_blob(self, digest: Digest) -> bool:
+        """Whether the scan this tree was built from found the blob (a tree built without one,
+        in tests, has every blob)."""
+        return self._build is None or self._build.index.has_blob(digest)
+
     def make_views(self) -> int:
         """Make the llama.cpp views this tree will show, ahead of their first use (in a worker
         thread, after the mount is ready): filling `llama.cpp/` in the request loop is then

@@ -216,14 +216,17 @@ class StoreWatch:
         elif depth < MANIFEST_DEPTH:
             self._add_tree(child, depth + 1)
 
-    async def changed(self, settle: float = 0.05) -> None:
+    async def changed(self, settle: float = 0.05, longest: float = 0.5) -> None:
         """Return after the next events, once they pause for `settle` seconds: a pull or an
-        `ollama rm` touches several files, and one look after the burst is enough."""
+        `ollama rm` touches several files, and one look after the burst is enough. Never
+        later than `longest` after the first: a download that keeps touching its part files
+        must not hold back a tag written beside it."""
         while True:
             await trio.lowlevel.wait_readable(self._fd)
             if self._drain():
                 break
-        while True:
-            await trio.sleep(settle)
-            if not self._drain():
-                return
+        with trio.move_on_after(longest):
+            while True:
+                await trio.sleep(settle)
+                if not self._drain():
+                    return

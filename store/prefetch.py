@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 
 HEAD = 1 << 16  # what the build reads of a blob: a GGUF's architecture, a small text whole
 
-# Never block on a FIFO, never follow a link out of the store, never touch atimes' owners.
+# Never block on a FIFO, never follow a link out of the store.
 _FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
 
 

@@ -131,3 +131,26 @@ def test_linked_trees_and_a_late_blobs_dir_are_watched(tmp_path: Path) -> None:
         assert not wakes(watch, timeout=0.3)
         assert wakes(watch, lambda: blobs_away.rename(tiny.layout.blobs))
         assert wakes(watch, lambda: (tiny.layout.blobs / ("sha256-" + "0" * 64)).write_bytes(b""))
+
+
+def test_a_steady_stream_of_events_still_wakes_it(tmp_path: Path) -> None:
+    """A download touching its part file every few ms must not hold a wake-up back."""
+    tiny = TinyStore(tmp_path / "models")
+    part = tiny.layout.blobs / ("sha256-" + "1" * 64 + "-partial-0")
+    with StoreWatch(tiny.layout) as watch:
+
+        async def main() -> float:
+            async def touch() -> None:
+                while True:
+                    part.write_bytes(b"{}")  # IN_CLOSE_WRITE every 10 ms
+                    await trio.sleep(0.01)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(touch)
+                t0 = trio.current_time()
+                with trio.fail_after(3):
+                    await watch.changed()
+                nursery.cancel_scope.cancel()
+            return trio.current_time() - t0
+
+        assert trio.run(main) < 1.5

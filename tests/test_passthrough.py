@@ -137,6 +137,32 @@ async def test_a_closed_file_leaves_its_backing_id_a_moment(
     assert not kernel.open_ids and not ops._backing and not ops._idle_backing
 
 
+async def test_a_blob_gone_from_the_store_is_not_opened_anew_through_a_shared_id(
+    tmp_path: Path, kernel: FakeKernel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fsd.ops, "LINGER", 60.0)
+    ops, one, two = blob_ops(tmp_path)
+    store = one.path.parent.parent
+    a = await opened(ops, one)
+    b = await opened(ops, two)
+    await ops.release(b.fh)
+    assert len(kernel.open_ids) == 2  # b's id idles, a's is in use
+    # verify quarantines the blob `one` reads; the mount's rescan swaps the tree in.
+    quarantine = tmp_path / "quarantine"
+    quarantine.mkdir()
+    one.path.rename(quarantine / one.path.name)
+    inodes = ops.tree._build.inodes  # type: ignore[union-attr]  # the mount's, kept
+    ops.swap(TreeBuilder(inodes).build(scan_store(store)))
+    assert kernel.open_ids == {a.backing_id}  # the idle id went with the swap
+    with pytest.raises(pyfuse3.FUSEError) as info:
+        await opened(ops, one)
+    assert info.value.errno == errno.ENOENT
+    await ops.release(a.fh)
+    c = await opened(ops, two)  # still in the store: opened again, with its checks
+    assert c.backing_id and kernel.calls == 3
+    await ops.release(c.fh)
+
+
 async def test_eperm_turns_passthrough_off_for_good(tmp_path: Path, kernel: FakeKernel) -> None:
     ops, one, two = blob_ops(tmp_path)
     kernel.fail = errno.EPERM
