@@ -146,6 +146,10 @@ class ModelOperations(pyfuse3.Operations):
         super().__init__()
         self.tree = tree
         self.nodes: dict[int, Node] = dict(tree.nodes)
+        # The kernel's lookup count of each inode it was handed (lookup, readdirplus), so the
+        # nodes of replaced trees are let go once it forgets them.
+        self._lookups: dict[int, int] = {}
+        self._old: set[int] = set()  # inodes kept only because the kernel still knows them
         tree.attach(self)  # what its lazy directories make shows up in self.nodes
         self.uid = uid
         self.gid = gid
@@ -168,12 +172,21 @@ class ModelOperations(pyfuse3.Operations):
             log.info("no FUSE passthrough here: the mount serves reads itself")
 
     def swap(self, tree: NameTree) -> None:
-        # Old inodes stay resolvable: the kernel may still hold them (open files, cached
-        # dentries), and their content is unchanged by definition.
+        # Old inodes the kernel still holds (open files, cached dentries) stay resolvable, and
+        # their content is unchanged by definition; the others go, with their inode numbers.
         self.tree.retire()
         self.tree = tree
-        self.nodes.update(tree.nodes)
+        nodes = dict(tree.nodes)
+        old: set[int] = set()
+        for inode in self._lookups:
+            if inode not in nodes and (node := self.nodes.get(inode)) is not None:
+                nodes[inode] = node
+                old.add(inode)
+        self.nodes, self._old = nodes, old
+        for inode in [i for i in self._gguf_xattrs if i not in nodes]:
+            del self._gguf_xattrs[inode]
         tree.attach(self)
+        tree.retain_inodes(self.nodes)
         # The store changed, a blob may be gone (GC, a quarantine): the next open of an idle
         # inode opens its blob again, with the checks that come with it.
         self._close_idle_backing(all_of_them=True)
@@ -221,11 +234,35 @@ class ModelOperations(pyfuse3.Operations):
         if child is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
         immutable = bool(parent.path) and parent.path[0] in IMMUTABLE_DIRS
-        return self._attrs(child, ATTR_TIMEOUT if immutable else NAME_TIMEOUT)
+        attrs = self._attrs(child, ATTR_TIMEOUT if immutable else NAME_TIMEOUT)
+        self._handed_out(child.inode)
+        return attrs
+
+    def place(self, node: Node, current: bool) -> None:
+        """A node made by filling a lazy directory (see fsd.tree.NodeSink)."""
+        if current:
+            self.nodes[node.inode] = node
+            self._old.discard(node.inode)
+        elif node.inode not in self.nodes:
+            self.nodes[node.inode] = node
+            self._old.add(node.inode)
+
+    def _handed_out(self, inode: int) -> None:
+        self._lookups[inode] = self._lookups.get(inode, 0) + 1
 
     async def forget(self, inode_list: list[tuple[int, int]]) -> None:
-        # Inode numbers are never reused during a mount, so there is nothing to release.
-        return None
+        # Must not raise (pyfuse3 cannot answer a forget). A node of the served tree stays; one
+        # kept only for the kernel goes with its last reference.
+        for inode, count in inode_list:
+            left = self._lookups.get(inode, 0) - count
+            if left > 0:
+                self._lookups[inode] = left
+                continue
+            self._lookups.pop(inode, None)
+            if inode in self._old:
+                self._old.discard(inode)
+                self.nodes.pop(inode, None)
+                self._gguf_xattrs.pop(inode, None)
 
     # -- directories ---------------------------------------------------------------------
     @_guarded
@@ -247,6 +284,7 @@ class ModelOperations(pyfuse3.Operations):
             attrs = self._attrs(child, ATTR_TIMEOUT if immutable else NAME_TIMEOUT)
             if not pyfuse3.readdir_reply(token, os.fsencode(name), attrs, i + 1):
                 return
+            self._handed_out(child.inode)  # readdirplus counts as a lookup
 
     @_guarded
     async def releasedir(self, fh: int) -> None:

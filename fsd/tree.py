@@ -3,8 +3,9 @@
 A tree is immutable once built; a change in the store builds a new one. Inode numbers come from
 an `InodeTable` that lives as long as the mount, keyed by what a node *is* (a directory's path,
 a blob's digest, a small file's path and bytes), so an unchanged path keeps its inode across
-rebuilds and an inode never changes meaning, which lets `forget` be a no-op and lets an open
-file keep its bytes when its tag moves.
+rebuilds and an inode never changes meaning, which lets an open file keep its bytes when its
+tag moves. Numbers the served tree does not use and the kernel has forgotten are let go
+(`InodeTable.retain`), so a mount that runs for months through many re-tags stays its size.
 
 The short-name model directories are built at once (they are what `ls -lR MOUNT` walks); the
 model directories under `.by-name/` and `.by-digest/`, and `.blobs/`, are placed at once but
@@ -21,7 +22,7 @@ import itertools
 import logging
 import stat
 import weakref
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Container, Hashable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -68,6 +69,15 @@ class InodeTable:
         if ino is None:
             ino = self._by_key.setdefault(key, next(self._numbers))
         return ino
+
+    def retain(self, live: Container[int]) -> None:
+        """Forget the keys of inodes not in `live`. Called between builds only (from the
+        mount's loop, after a build finished): a key dropped here and met again later gets a
+        new number, which is right, as nothing that knew the old one is left."""
+        self._by_key = {k: ino for k, ino in self._by_key.items() if ino in live}
+
+    def __len__(self) -> int:
+        return len(self._by_key)
 
 
 @dataclass(eq=False)
@@ -210,7 +220,10 @@ class NodeSink(Protocol):
     """Where nodes made after a build (by filling a lazy directory) are registered: the mount's
     inode -> node table."""
 
-    nodes: dict[int, Node]
+    def place(self, node: Node, current: bool) -> None:
+        """Register `node`; `current` when the tree that made it is the one served (its node
+        wins), else only if nothing holds the inode yet (a replaced tree the kernel still
+        walks; the content of an inode is the same in both by construction)."""
 
 
 @dataclass
@@ -235,6 +248,11 @@ class NameTree:
         thread, after the mount is ready): filling `llama.cpp/` in the request loop is then
         only placing nodes. Returns how many were made."""
         return self._build.make_views() if self._build is not None else 0
+
+    def retain_inodes(self, live: Container[int]) -> None:
+        """Let the inode table forget numbers not in `live` (see InodeTable.retain)."""
+        if self._build is not None:
+            self._build.inodes.retain(live)
 
     def retire(self) -> None:
         """A newer tree is served: what this one still makes never displaces the newer one's
@@ -314,6 +332,12 @@ class _Build:
         self.texts: dict[Digest, str | None] = {}
         self.modelfiles: dict[tuple[Digest, str], bytes] = {}
         self.blob_nodes: dict[Digest, BlobNode] = {}
+        # Files made from several blobs, one node per build wherever they show, with the
+        # number of places that show them counted while placing (filled or not).
+        self.merged_nodes: dict[tuple[Digest, ...], MergedNode] = {}
+        self.merged_links: dict[tuple[Digest, ...], int] = {}
+        self.compat_nodes: dict[tuple[Digest, str], CompatNode] = {}
+        self.compat_links: dict[tuple[Digest, str], int] = {}
         self.nodes: dict[int, Node] | None = {}  # while building; then None
         self.pending: dict[int, Node] = {}  # made lazily before the tree is attached
         self.sink: weakref.ref[NodeSink] | None = None
@@ -329,10 +353,7 @@ class _Build:
             if self.sink is None:
                 self.pending[node.inode] = node
             return  # the mount is gone
-        if self.current:
-            sink.nodes[node.inode] = node
-        else:
-            sink.nodes.setdefault(node.inode, node)
+        sink.place(node, self.current)
 
     def attach(self, sink: NodeSink) -> None:
         self.sink = weakref.ref(sink)
@@ -361,6 +382,8 @@ class _Build:
             except Exception:
                 # One model's oddity must not cost the user the whole view.
                 log.exception("%s: not shown", entry.name)
+        for key, merged in self.merged_nodes.items():
+            merged.links = self.merged_links.get(key, 1)
         nodes, self.nodes = self.nodes, None
         return NameTree(root, nodes, self.blob_nodes, self)
 
@@ -520,6 +543,11 @@ class _Build:
                 blob.links += 1
         if plan.config is not None:
             plan.config.links += 1
+        tensors = _tensor_key(plan.files)
+        if tensors:
+            self.merged_links[tensors] = self.merged_links.get(tensors, 0) + 1
+        for key in self._compat_shape(plan, v)[0]:
+            self.compat_links[key] = self.compat_links.get(key, 0) + 1
 
     def _fill_lazy(self, entry: Entry, v: Variant, d: DirNode) -> None:
         try:
@@ -549,7 +577,9 @@ class _Build:
         if safetensors:
             merged = self._merged_view(files)
             if isinstance(merged, MergedSafetensors):
-                d._children["model.safetensors"] = self._merged_node(merged, mtime)
+                d._children["model.safetensors"] = self._merged_node(
+                    _tensor_key(files), merged, mtime
+                )
             elif merged:
                 status.append(f"model.safetensors not shown: {merged}")
         d._children["Modelfile"] = self._bytes(
@@ -601,7 +631,7 @@ class _Build:
 
     def _merged_view(self, files: list[ModelFile]) -> MergedSafetensors | str:
         tensors = [f for f in files if f.layer.kind == "tensor"]
-        key = tuple(f.layer.digest for f in tensors)
+        key = _tensor_key(files)
         if key in self.merged:
             return self.merged[key]
         result: MergedSafetensors | str
@@ -707,38 +737,46 @@ class _Build:
                 made += 1
         return made
 
-    def _compat_shape(self, plan: _Plan, v: Variant) -> tuple[bool, list[str]]:
-        """Will `llama.cpp/` be there, and why any view is not shown: `_compat_files` told
-        from the decisions, so that nothing is read for a model decided before."""
+    def _compat_shape(
+        self, plan: _Plan, v: Variant
+    ) -> tuple[list[tuple[Digest, str]], list[str]]:
+        """The files `llama.cpp/` will hold (source blob, kind), and why any view is not
+        shown: `_compat_files` told from the decisions, so that nothing is read for a model
+        decided before."""
         if v.runner in COMPATIBLE_RUNNERS:
-            return False, []
+            return [], []
         shown = {f.path: f for f, _ in plan.shown}
         model, projector = shown.get("model.gguf"), shown.get("mmproj.gguf")
         if model is None:
-            return False, []
+            return [], []
+        files: list[tuple[Digest, str]] = []
         problems: list[str] = []
         decided = self._decision("model", model.layer.digest)
         if decided.startswith("error: "):
             problems.append(f"llama.cpp/ not shown: {decided.removeprefix('error: ')}")
-        shows = decided.startswith("model")
-        if projector is not None and decided != "model+mmproj":
+        if decided.startswith("model"):
+            files.append((model.layer.digest, "model"))
+        if decided == "model+mmproj":
+            files.append((model.layer.digest, "mmproj"))
+        elif projector is not None:
             decided = self._decision("mmproj", projector.layer.digest)
             if decided.startswith("error: "):
                 why = decided.removeprefix("error: ")
                 problems.append(f"llama.cpp/mmproj.gguf not shown: {why}")
-            shows = shows or decided == "view"
-        return shows, problems
+            if decided == "view":
+                files.append((projector.layer.digest, "mmproj"))
+        return files, problems
 
     def _shows_compat(self, plan: _Plan, v: Variant) -> bool:
         """Will the model directory hold `llama.cpp/`? (Its link count says so before it is
         filled.)"""
-        return self._compat_shape(plan, v)[0]
+        return bool(self._compat_shape(plan, v)[0])
 
     def _add_compat(self, d: DirNode, plan: _Plan, v: Variant, mtime_ns: int) -> list[str]:
         """`llama.cpp/` in the model directory `d`, if it has one, filled on first use (the
         views are made then); its status lines."""
         shows, problems = self._compat_shape(plan, v)
-        if shows:
+        if shows:  # the files it will hold
             holder = self._mkdirs(d, ("llama.cpp",), mtime_ns)
             holder._fill = functools.partial(self._fill_compat, plan, v, mtime_ns)
         return problems
@@ -753,26 +791,46 @@ class _Build:
         if self.builder.compute_cache is None:
             self.builder.compute_cache = ComputeCache(self.index.layout.compat)
         for digest, view in files:
-            node = CompatNode(
-                self.inodes.get(("compat", digest, view.kind)),
-                mtime_ns,
-                {
-                    "user.modelfs.compat.source": str(digest).encode(),
-                    "user.modelfs.compat.handler": view.handler.encode(),
-                },
-                digest=digest,
-                path=view.source,
-                view=view,
-                cache=self.builder.compute_cache,
-            )
-            self.register(node)
+            key = (digest, view.kind)
+            node = self.compat_nodes.get(key)
+            if node is None:
+                node = CompatNode(
+                    self.inodes.get(("compat", digest, view.kind)),
+                    mtime_ns,
+                    {
+                        "user.modelfs.compat.source": str(digest).encode(),
+                        "user.modelfs.compat.handler": view.handler.encode(),
+                    },
+                    links=self.compat_links.get(key, 1),
+                    digest=digest,
+                    path=view.source,
+                    view=view,
+                    cache=self.builder.compute_cache,
+                )
+                self.compat_nodes[key] = node
+                self.register(node)
             holder._children[f"{view.kind}.gguf"] = node
 
-    def _merged_node(self, merged: MergedSafetensors, mtime_ns: int) -> MergedNode:
-        key = ("merged", tuple(s.path.name for s in merged.segments), len(merged.header))
-        node = MergedNode(self.inodes.get(key), mtime_ns, merged=merged)
-        self.register(node)
+    def _merged_node(
+        self, tensors: tuple[Digest, ...], merged: MergedSafetensors, mtime_ns: int
+    ) -> MergedNode:
+        node = self.merged_nodes.get(tensors)
+        if node is None:
+            key = ("merged", tuple(s.path.name for s in merged.segments), len(merged.header))
+            node = MergedNode(
+                self.inodes.get(key),
+                mtime_ns,
+                merged=merged,
+                links=self.merged_links.get(tensors, 1),  # final once the build has run
+            )
+            self.merged_nodes[tensors] = node
+            self.register(node)
         return node
+
+
+def _tensor_key(files: list[ModelFile]) -> tuple[Digest, ...]:
+    """The tensor blobs of a model, in order: what its `model.safetensors` is made of."""
+    return tuple(f.layer.digest for f in files if f.layer.kind == "tensor")
 
 
 class _Clash(Exception):

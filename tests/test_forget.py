@@ -1,0 +1,136 @@
+"""A long-lived mount stays its size, and link counts tell the truth.
+
+The kernel holds an inode from the lookup (or readdirplus entry) that handed it out until it
+sends FORGET for it; a node the served tree no longer has may go then, and not before.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import trio
+
+from fsd.ops import ModelOperations
+from fsd.tree import DirNode, InodeTable, Node, TreeBuilder
+from modelfs.demo import build_demo_store
+from store.digest import Digest
+from store.scan import scan_store
+from tests.builders import TinyStore
+from tests.mounting import fuse, mounted
+
+
+def walk(node: Node, path: str = "") -> dict[str, Node]:
+    out = {path or "/": node}
+    if isinstance(node, DirNode):
+        for name, child in node.children.items():
+            out.update(walk(child, f"{path}/{name}"))
+    return out
+
+
+def test_every_file_has_as_many_links_as_paths(tmp_path: Path) -> None:
+    """`du`, `rsync -aH` and `tar` count a file once per link count: a file shown at three
+    paths with a link count of 1 is copied three times. The demo store has a manifest list
+    whose mlx child's `model.safetensors` shows at `@mlx/`, `.by-name/` and `.by-digest/`."""
+    root = tmp_path / "models"
+    build_demo_store(root)
+    tree = TreeBuilder(InodeTable()).build(scan_store(root))
+    paths: dict[int, list[str]] = collections.defaultdict(list)
+    nodes: dict[int, Node] = {}
+    for path, node in walk(tree.root).items():
+        if not isinstance(node, DirNode):
+            paths[node.inode].append(path)
+            nodes[node.inode] = node
+    wrong = {
+        "; ".join(sorted(where)): nodes[ino].links
+        for ino, where in paths.items()
+        if nodes[ino].links != len(where)
+    }
+    assert not wrong
+    merged = [p for p in walk(tree.root) if p.endswith("/model.safetensors")]
+    assert len(merged) >= 3  # the case that was wrong is in the store
+
+
+def _retag(tiny: TinyStore, i: int) -> None:
+    tiny.gguf_model("m:1", payload=f"weights {i}".encode() * 100)
+
+
+def test_nodes_of_replaced_trees_go_once_the_kernel_forgets_them(tmp_path: Path) -> None:
+    """Many re-tags: the mount's node table and inode table stay the size of one tree plus
+    what the kernel still holds; an inode the kernel holds stays resolvable whatever was
+    swapped in meanwhile."""
+    tiny = TinyStore(tmp_path / "models")
+    tiny.gguf_model("keep:1", payload=b"stays")
+    _retag(tiny, 0)
+    inodes = InodeTable()
+    builder = TreeBuilder(inodes)
+    ops = ModelOperations(builder.build(scan_store(tiny.root)), 0, 0, tiny.root)
+
+    async def look(path: str) -> int:
+        ino = 1
+        for part in path.strip("/").split("/"):
+            ino = (await ops.lookup(ino, part.encode())).st_ino
+        return ino
+
+    async def run() -> None:
+        held = await look("m/1/model.gguf")  # the kernel keeps this one (an open file, say)
+        held_node = ops.nodes[held]
+        sizes = []
+        for i in range(1, 41):
+            _retag(tiny, i)
+            ops.swap(builder.build(scan_store(tiny.root)))
+            # What a reader does after each change: look at the new file, then the kernel
+            # forgets it (cache pressure, or the dentry timing out).
+            ino = await look("m/1/.ollama/digest")
+            await ops.forget([(ino, 1)])
+            sizes.append((len(ops.nodes), len(inodes)))
+        assert sizes[-1] == sizes[4], sizes  # flat, not growing with every re-tag
+        assert ops.nodes[held] is held_node  # never let go while the kernel holds it
+        assert (await ops.getattr(held)).st_size == len(b"weights 0") * 100
+        await ops.forget([(held, 1)])
+        assert held not in ops.nodes
+        # The served tree's own nodes never go, forgotten or not.
+        current = await look("keep/1/model.gguf")
+        await ops.forget([(current, 1)])
+        assert (await ops.getattr(current)).st_ino == current
+
+    trio.run(run)
+
+
+@fuse
+def test_a_real_mount_forgets_and_still_serves_what_the_kernel_holds(tmp_path: Path) -> None:
+    """Through a real kernel: readdirplus and lookups counted as the kernel counts them, so
+    nothing it still holds is dropped (an open file and its fstat, every path after a
+    cache drop), across re-tags."""
+    tiny = TinyStore(tmp_path / "models")
+    _retag(tiny, 0)
+    tiny.gguf_model("keep:1", payload=b"stays")
+    mnt = tmp_path / "mnt"
+    with mounted(tiny.root, mnt):
+        held = open(mnt / "m" / "1" / "model.gguf", "rb")  # noqa: SIM115
+        try:
+            for i in range(1, 8):
+                _retag(tiny, i)
+                want = f"weights {i}".encode() * 100
+                deadline = time.monotonic() + 5
+                while (mnt / "m" / "1" / "model.gguf").read_bytes() != want:
+                    assert time.monotonic() < deadline, "re-tag not shown"
+                    time.sleep(0.05)
+                subprocess.run(["ls", "-lR", str(mnt)], capture_output=True, check=True)
+                # The kernel forgets whatever it can: FORGETs reach the mount.
+                Path("/proc/sys/vm/drop_caches").write_text("2\n")
+            assert os.fstat(held.fileno()).st_size == len(b"weights 0") * 100
+            assert held.read() == b"weights 0" * 100
+            for dirpath, _dirs, files in os.walk(mnt):
+                for name in files:
+                    os.stat(os.path.join(dirpath, name))
+            assert (mnt / "keep" / "1" / "model.gguf").read_bytes() == b"stays"
+            digest = Digest.of_bytes(b"weights 7" * 100)
+            assert os.getxattr(mnt / "m" / "1" / "model.gguf", "user.modelfs.digest") == str(
+                digest
+            ).encode()
+        finally:
+            held.close()
