@@ -134,6 +134,12 @@ class Mount:
         finally:
             if gc_was_enabled:
                 gc.enable()
+        # What the request loop left meanwhile (reference cycles of finished trio tasks and
+        # thread hops, made while the collector was off for every thread) is collected before
+        # the freeze, which would otherwise keep it for good: a mount serving reads during
+        # rescans grew by ~100 KB a rescan. This walks only what was made since the last
+        # freeze (the new tree mostly): ~10 % of a rescan.
+        gc.collect()
         gc.freeze()
         return tree
 

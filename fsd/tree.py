@@ -307,9 +307,19 @@ class TreeBuilder:
         try:
             return _Build(self, index).run()
         finally:
+            self._drop_gone(index)
             self.decisions.save()
             if gc_was_enabled:
                 gc.enable()
+
+
+    def _drop_gone(self, index: StoreIndex) -> None:
+        """Views of blobs the store no longer has go with them (a mount's life is long)."""
+        for cache in (self.compat, self.mmproj):
+            for digest in [d for d in cache if not index.has_blob(d)]:
+                del cache[digest]
+        for key in [k for k in self.merged if not all(index.has_blob(d) for d in k)]:
+            del self.merged[key]
 
 
 class _Build:
