@@ -533,8 +533,9 @@ class Puller:
         result = ModelResult(label, top.digest)
         children: list[tuple[int, FetchedManifest | None, Manifest]] = []
         if isinstance(parsed, ManifestList):
-            # The best child by `prefer` (or every child) that some peer has: a peer that
-            # pulled one variant serves a list naming children it does not hold.
+            # The best child by `prefer` (or every child): with `fallback`, the best that
+            # some peer has, since a peer that pulled one variant serves a list naming
+            # children it does not hold; without, that one or nothing.
             absent: list[tuple[int, SyncError]] = []
             got: dict[Digest, tuple[FetchedManifest, Manifest]] = {}
             for child in parsed.children:
