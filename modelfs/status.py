@@ -103,11 +103,25 @@ def render_status(status: dict[str, Any]) -> str:
         lines.append(table(rows))
     transfers = d.get("transfers") or []
     for t in transfers:
+        if t.get("state") == "waiting":
+            lines.append(f"waiting to pull {t['name']} ({d.get('max_transfers')} at a time)")
+            continue
+        done, total = int(t.get("bytes") or 0), int(t.get("total_bytes") or 0)
         lines.append(
-            f"pulling {t['name']} from {', '.join(t['from'])} since {_ago(t['since'], now)}"
+            f"pulling {t['name']} from {', '.join(t['from'])} since {_ago(t['since'], now)}: "
+            f"{human_bytes(done)} of {human_bytes(total)}"
         )
+    behind = d.get("behind") or {}
     for name, lag in (d.get("lag_seconds") or {}).items():
-        lines.append(f"behind: {name} for {lag:.0f}s")
+        line = f"behind: {name} for {lag:.0f}s"
+        b = behind.get(name) or {}
+        if b.get("reason"):
+            line += f": {b['reason']}"
+        if b.get("error"):
+            line += f"; last try: {b['error']}"
+        if b.get("next_try_seconds") is not None:
+            line += f" (next try in {b['next_try_seconds']:.0f}s)"
+        lines.append(line)
     gc = d.get("gc") or {}
     last = gc.get("last")
     if last:

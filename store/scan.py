@@ -10,7 +10,7 @@ import logging
 import os
 import re
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -66,9 +66,54 @@ class Variant:
     from_list: bool
 
 
+# The runner a list child's format implies when the list names none, as Ollama infers it.
+_FORMAT_RUNNER = {"safetensors": "mlx", "gguf": "ggml"}
+
+
+def child_runner(
+    child: ListChild, manifest: Manifest | None = None, config: ModelConfig | None = None
+) -> str | None:
+    """The runner of a list's child: the list's own field, else what its manifest (when at
+    hand) targets, else what the list's format implies."""
+    if child.runner:
+        return child.runner
+    manifest = child.inline or manifest
+    if manifest is not None:
+        inferred = infer_runner(manifest, config)
+        if inferred:
+            return inferred
+    return _FORMAT_RUNNER.get((child.format or "").lower())
+
+
+def runner_rank(runner: str | None, prefer: Iterable[str]) -> int:
+    """Where `runner` stands in `prefer` (case-insensitive); after all of them if absent."""
+    order = [p.lower() for p in prefer]
+    r = (runner or "").lower()
+    return order.index(r) if r in order else len(order)
+
+
+def rank_children(
+    lst: ManifestList,
+    prefer: Iterable[str] = DEFAULT_PREFER,
+    manifests: Mapping[Digest, Manifest] | None = None,
+) -> list[int]:
+    """Every child's index, best first by `prefer` (list order breaks ties). The one ranking
+    of variants: what a pull fetches (its first) and what the mount shows at the plain tag
+    (`choose_variant`, the first of those present) agree. `manifests` are the child manifests
+    at hand, by digest; a child the list gives no runner is ranked by its manifest's."""
+    prefer = tuple(prefer)
+    known = manifests or {}
+
+    def key(i: int) -> tuple[int, int]:
+        child = lst.children[i]
+        return (runner_rank(child_runner(child, known.get(child.digest)), prefer), i)
+
+    return sorted(range(len(lst.children)), key=key)
+
+
 def child_variant(child: ListChild, manifest: Manifest, config: ModelConfig | None) -> Variant:
     """A list's child as a variant: runner and format from the list, else inferred."""
-    runner = child.runner or infer_runner(manifest, config)
+    runner = child_runner(child, manifest, config)
     fmt = child.format or manifest.format or (config.model_format if config else None)
     return Variant(manifest, runner, fmt or None, True)
 
@@ -76,14 +121,10 @@ def child_variant(child: ListChild, manifest: Manifest, config: ModelConfig | No
 def choose_variant(
     variants: Iterable[Variant], prefer: Iterable[str] = DEFAULT_PREFER
 ) -> Variant | None:
-    """The first variant by `prefer`, then any other; None when there is none."""
-    order = [p.lower() for p in prefer]
-
-    def rank(v: Variant) -> int:
-        runner = (v.runner or "").lower()
-        return order.index(runner) if runner in order else len(order)
-
-    return min(variants, key=rank, default=None)
+    """The first variant by `prefer` (the ranking of `rank_children`), then any other; None
+    when there is none."""
+    prefer = tuple(prefer)
+    return min(variants, key=lambda v: runner_rank(v.runner, prefer), default=None)
 
 
 @dataclass(slots=True)
@@ -110,6 +151,13 @@ class Entry:
     def preferred(self, prefer: Iterable[str] = DEFAULT_PREFER) -> Variant | None:
         """The variant to show at the plain tag: first by `prefer`, then any other present."""
         return choose_variant(self.variants, prefer)
+
+    def wanted_child(self, prefer: Iterable[str] = DEFAULT_PREFER) -> ListChild | None:
+        """For a manifest list, the child a pull by `prefer` fetches; None for a plain tag."""
+        if not isinstance(self.top, ManifestList) or not self.top.children:
+            return None
+        known = {v.manifest.digest: v.manifest for v in self.variants}
+        return self.top.children[rank_children(self.top, prefer, known)[0]]
 
     def variant(self, runner: str) -> Variant | None:
         for v in self.variants:
@@ -220,6 +268,19 @@ class StoreIndex:
             if info is None or info.size != size:
                 missing.append(digest)
         return missing
+
+    def lacks_wanted(
+        self, entry: Entry, prefer: Iterable[str] = DEFAULT_PREFER
+    ) -> ListChild | None:
+        """The child of a list that a pull by `prefer` wants and this store does not hold
+        whole (its manifest, config and layers); None when it does, or for a plain tag."""
+        child = entry.wanted_child(prefer)
+        if child is None:
+            return None
+        for v in entry.variants:
+            if v.manifest.digest == child.digest and not self.missing_blobs(v.manifest):
+                return None
+        return child
 
     def sorted_entries(self) -> list[Entry]:
         """Newest first, as `ollama list`; ties by name for a stable order."""

@@ -26,6 +26,7 @@ from sync.serve import DEFAULT_PORT, ServeError, parse_listen
 
 T = TypeVar("T")
 MAX_CONFIG_BYTES = 1 << 20
+MAX_TRANSFERS = 3  # names pulled at once by default, so a small change never waits for a big one
 
 
 class ConfigError(SyncError):
@@ -58,6 +59,7 @@ class SyncConfig:
     replicate: tuple[str, ...] = ()
     prefer: tuple[str, ...] = DEFAULT_PREFER
     interval: float = 60.0
+    max_transfers: int = MAX_TRANSFERS
     gc: GcSettings = field(default_factory=GcSettings)
 
     def wants(self, name: str) -> bool:
@@ -179,6 +181,9 @@ def load_config(path: str | os.PathLike[str]) -> SyncConfig:
     replicate = tuple(_checked(r, "replicate", _pattern))
     prefer = tuple(p.lower() for p in r.strings("prefer", DEFAULT_PREFER))
     interval = r.convert("interval", 60.0, _positive_duration)
+    max_transfers = r.get("max_transfers", int, MAX_TRANSFERS)
+    if not 1 <= max_transfers <= 64:
+        raise r.fail("max_transfers", f"expected 1 to 64, got {max_transfers}")
 
     gc_table = r.get("gc", dict, {})
     g = _Reader(path, gc_table, "gc.")
@@ -204,6 +209,7 @@ def load_config(path: str | os.PathLike[str]) -> SyncConfig:
         replicate=replicate,
         prefer=prefer,
         interval=interval,
+        max_transfers=max_transfers,
         gc=gc,
     )
 

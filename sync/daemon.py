@@ -4,12 +4,20 @@
 - the replication loop: every `interval`, each peer's catalog and tags (each peer on its
   own, with its own back-off, so one that is down or slow holds up nobody), the names that
   `replicate` selects whose digest differs from ours, pulled with sync.pull from every peer
-  that offers that digest (fail-over among them), variants by `prefer`;
+  that offers that digest (fail-over among them), up to `max_transfers` names at once, so a
+  small change is not stuck behind a large one;
+- variants by `prefer`: of a manifest list, the child `prefer` ranks first
+  (store.scan.rank_children, the ranking the mount shows by). A list whose child that is
+  not here is behind as much as another digest is; while no peer has that child, the old
+  version stays (nothing is written: the tag never switches to a variant this host did not
+  choose) and the name is retried with back-off, resuming its partial download;
 - tag history (store.history): each interval, tags that moved are recorded, and the versions
   they replaced are held in this host's lease (store.leases) for `history_retention`;
-- GC on its schedule (sync.gc; one host at a time through the GC lock);
+- GC on its schedule (sync.gc; one host at a time through the GC lock), the first run a few
+  seconds after the start;
 - systemd's notify protocol: READY=1 once serving, STATUS= after each round, WATCHDOG=1 at
-  half of $WATCHDOG_USEC, STOPPING=1 on SIGTERM. SIGHUP reloads the config.
+  half of $WATCHDOG_USEC, STOPPING=1 on SIGTERM. SIGHUP reloads the config; every loop
+  asleep wakes and reckons its next run by the new intervals.
 
 Shutdown is cancellation: transfers stop where they are (their partial files and sidecars are
 the safe point; the next start resumes them), the server finishes requests in flight for a
@@ -18,6 +26,7 @@ few seconds, and the process exits 0.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -29,21 +38,23 @@ from typing import Any
 import httpx
 import trio
 
-from runtime.leasing import leased
+from runtime.leasing import LiveLease, leased
 from runtime.notify import sd_notify
 from store.digest import Digest
+from store.durations import format_duration
 from store.errors import LockBusyError, StoreError
 from store.history import TagHistory
 from store.layout import Layout
 from store.leases import HEARTBEAT, LeaseKeeper
 from store.names import Name
-from store.scan import StoreIndex
+from store.scan import StoreIndex, child_runner
 from sync.client import PeerClient
 from sync.config import ConfigError, SyncConfig, load_config
-from sync.errors import PeerLiedError, SyncError
+from sync.errors import LocalWriteError, PeerLiedError, SyncError
 from sync.gc import GcReport, run_gc
 from sync.http import make_client
-from sync.pull import PullOptions, pull
+from sync.progress import TallyProgress
+from sync.pull import PullOptions, pull, pull_lease
 from sync.serve import read_token_file, serve
 from sync.server import RegistryApp
 from sync.threads import run_unwrapped
@@ -52,13 +63,25 @@ log = logging.getLogger(__name__)
 
 MAX_BACKOFF = 3600.0
 LIST_TIMEOUT = 60.0  # at least; a listing may take up to the interval when that is longer
+GC_FIRST_DELAY = 5.0  # the first GC after a start (at most gc.interval): soon, once serving
+
+
+def backoff(failures: int, interval: float) -> float:
+    """Seconds from a failure to the next try, after `failures` in a row: the interval,
+    doubled each time, at most MAX_BACKOFF."""
+    return min(interval * 2 ** min(failures - 1, 16), MAX_BACKOFF)
+
+
+def _seconds(delay: float) -> str:
+    return format_duration(round(delay, 1))
 
 
 @dataclass
 class PeerState:
     url: str
     failures: int = 0
-    retry_at: float = 0.0  # monotonic
+    failed_at: float = 0.0  # trio clock, of the last failure
+    listed_at: float = 0.0  # trio clock, when the last listing began
     last_error: str | None = None
     last_ok: float | None = None  # wall clock
     models: dict[str, str] = field(default_factory=dict)  # shortest name -> digest hex
@@ -67,13 +90,27 @@ class PeerState:
     verify_failures: int = 0  # bytes that did not hash to the digest asked for
     scope: trio.CancelScope | None = None  # its listing task, cancelled when it leaves the config
 
+    def next_try(self, interval: float) -> float:
+        """When to list it next (trio clock), by the interval in force now."""
+        if self.failures:
+            return self.failed_at + backoff(self.failures, interval)
+        return self.listed_at + interval
+
     def failed(self, exc: BaseException, interval: float) -> None:
         self.failures += 1
         self.last_error = str(exc)
-        delay = min(interval * 2 ** min(self.failures - 1, 16), MAX_BACKOFF)
-        self.retry_at = time.monotonic() + delay
-        level = logging.WARNING if self.failures == 1 else logging.DEBUG
-        log.log(level, "peer %s: %s (next try in %.0f s)", self.url, exc, delay)
+        self.failed_at = trio.current_time()
+        delay = _seconds(backoff(self.failures, interval))
+        if self.failures == 1:
+            log.warning("peer %s: %s (next try in %s)", self.url, exc, delay)
+        else:
+            log.info(
+                "peer %s: %s (%d failures in a row; next try in %s)",
+                self.url,
+                exc,
+                self.failures,
+                delay,
+            )
 
     def succeeded(self) -> None:
         if self.failures:
@@ -87,6 +124,22 @@ class Transfer:
     digest: str
     sources: list[str]
     started: float = field(default_factory=time.time)
+    pulling: bool = False  # False while it waits for one of the `max_transfers` slots
+    progress: TallyProgress = field(default_factory=TallyProgress)
+
+
+@dataclass
+class Behind:
+    """A selected name whose version here is not the peers' (or lacks its preferred
+    variant): why, since when, and when it is tried again after failures."""
+
+    digest: str  # what the peers have
+    reason: str
+    since: float = field(default_factory=time.time)  # wall clock
+    error: str | None = None  # the last try's
+    failures: int = 0
+    sources: tuple[str, ...] = ()  # of the last failed try; others are tried at once
+    retry_at: float = 0.0  # trio clock
 
 
 class Daemon:
@@ -95,7 +148,10 @@ class Daemon:
         self.layout = layout
         self.peers: dict[str, PeerState] = {}
         self.transfers: dict[str, Transfer] = {}
-        self.lag_since: dict[str, float] = {}  # name -> when a peer first had another digest
+        self.behind: dict[str, Behind] = {}
+        self._transfer_slots = trio.CapacityLimiter(config.max_transfers)
+        self.pull_lease: LiveLease | None = None  # one for every pull: its file is per process
+        self._reloaded = trio.Event()  # set (and replaced) by each reload
         self.rounds = 0
         self.pulled = 0
         self.pull_failures = 0
@@ -140,10 +196,13 @@ class Daemon:
         self.config = SyncConfig(
             **{**{k: getattr(new, k) for k in new.__dataclass_fields__}, **keep}  # type: ignore[arg-type]
         )
+        self._transfer_slots.total_tokens = self.config.max_transfers
         self._sync_peers()
         log.info(
             "reload: %d peer(s), replicate %s", len(self.config.peers), list(self.config.replicate)
         )
+        self._reloaded.set()  # sleeping loops reckon their next run again
+        self._reloaded = trio.Event()
         self.wake()
 
     # -- the whole daemon ---------------------------------------------------------------------
@@ -160,28 +219,33 @@ class Daemon:
         async with (
             make_client(token=token) as http,
             leased(self.keeper, strict=False, heartbeat=heartbeat) as self.lease,
-            trio.open_nursery() as nursery,
+            contextlib.AsyncExitStack() as stack,
         ):
             self.http = http
-            self.url = await nursery.start(
-                lambda task_status: serve(
-                    app,
-                    config.listen,
-                    tls_cert=config.tls_cert,
-                    tls_key=config.tls_key,
-                    task_status=task_status,
+            try:
+                self.pull_lease = await stack.enter_async_context(pull_lease(self.layout))
+            except LocalWriteError as exc:
+                log.warning("%s; pulls cannot write here", exc)
+            async with trio.open_nursery() as nursery:
+                self.url = await nursery.start(
+                    lambda task_status: serve(
+                        app,
+                        config.listen,
+                        tls_cert=config.tls_cert,
+                        tls_key=config.tls_key,
+                        task_status=task_status,
+                    )
                 )
-            )
-            self._nursery = nursery
-            self._sync_peers()  # a listing task per peer
-            nursery.start_soon(self._signals, nursery.cancel_scope)
-            nursery.start_soon(self._watchdog)
-            nursery.start_soon(self._every, lambda: self.config.interval, self.replicate_once)
-            nursery.start_soon(self._gc_loop)
-            nursery.start_soon(self._every, lambda: self.config.interval, self.remember)
-            sd_notify(f"READY=1\nSTATUS=serving {self.layout.root} on {self.url}")
-            log.info("sync daemon %s ready: serving on %s", config.host_id, self.url)
-            task_status.started(self.url)
+                self._nursery = nursery
+                self._sync_peers()  # a listing task per peer
+                nursery.start_soon(self._signals, nursery.cancel_scope)
+                nursery.start_soon(self._watchdog)
+                nursery.start_soon(self._every, lambda: self.config.interval, self.replicate_once)
+                nursery.start_soon(self._gc_loop)
+                nursery.start_soon(self._every, lambda: self.config.interval, self.remember)
+                sd_notify(f"READY=1\nSTATUS=serving {self.layout.root} on {self.url}")
+                log.info("sync daemon %s ready: serving on %s", config.host_id, self.url)
+                task_status.started(self.url)
 
     async def _signals(self, scope: trio.CancelScope) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
@@ -216,9 +280,18 @@ class Daemon:
             with trio.move_on_after(interval()):
                 await self._wakes[key].wait()
 
-    def wake(self) -> None:
-        for event in self._wakes.values():
-            event.set()
+    async def _sleep_until(self, when: Callable[[], float]) -> None:
+        """Sleep until the trio clock reaches `when()`; a reload wakes it to reckon again, so
+        new intervals apply at once."""
+        while (left := when() - trio.current_time()) > 0:
+            with trio.move_on_after(left):
+                await self._reloaded.wait()
+
+    def wake(self, key: str | None = None) -> None:
+        """Run the periodic loops now (or the one named `key`)."""
+        for k, event in self._wakes.items():
+            if key is None or k == key:
+                event.set()
 
     def lease_age(self) -> float | None:
         """Seconds since this host's lease was last written or touched."""
@@ -233,6 +306,8 @@ class Daemon:
 
     # -- replication ------------------------------------------------------------------------------
     async def replicate_once(self) -> None:
+        """Start a transfer for each selected name that is behind and not in flight, unless it
+        failed lately from the same peers (back-off); it does not wait for them."""
         config = self.config
         self.rounds += 1
         if not config.peers:
@@ -252,17 +327,37 @@ class Daemon:
                     wanted[name] = (digest, [peer.url])
                 elif chosen[0] == digest:
                     chosen[1].append(peer.url)
-        for name in list(self.lag_since):
-            if name not in wanted or wanted[name][0] == local.get(name):
-                del self.lag_since[name]
-        todo = [(n, d, s) for n, (d, s) in sorted(wanted.items()) if local.get(n) != d]
-        for name, _, _ in todo:
-            self.lag_since.setdefault(name, time.time())
-        for name, digest, sources in todo:
-            await self._pull(name, digest, sources)
+        todo: dict[str, tuple[str, list[str], str]] = {}
+        for name, (digest, sources) in sorted(wanted.items()):
+            if local.get(name) != digest:
+                why = f"the peers have {digest[:12]}" if name in local else "not here yet"
+            else:
+                child = index.lacks_wanted(index.lookup(name), config.prefer)
+                if child is None:
+                    continue
+                runner = child_runner(child) or child.digest.short
+                why = f"its {runner} variant is not here"
+            todo[name] = (digest, sources, why)
+        for name in list(self.behind):
+            if name not in todo:
+                del self.behind[name]
+        now = trio.current_time()
+        for name, (digest, sources, why) in todo.items():
+            behind = self.behind.get(name)
+            if behind is None or behind.digest != digest:
+                since = behind.since if behind is not None else time.time()
+                behind = self.behind[name] = Behind(digest, why, since)
+            behind.reason = why
+            if name in self.transfers:
+                continue
+            if behind.failures and behind.sources == tuple(sources) and now < behind.retry_at:
+                continue
+            transfer = self.transfers[name] = Transfer(name, digest, sources)
+            assert self._nursery is not None
+            self._nursery.start_soon(self._pull, transfer)
         status = f"serving on {self.url}; {len(local)} model(s); round {self.rounds}"
         if todo:
-            status += f": {len(todo)} to pull"
+            status += f": {len(todo)} behind, {len(self.transfers)} in flight"
         sd_notify(f"STATUS={status}")
 
     async def _watch_peer(self, peer: PeerState) -> None:
@@ -270,14 +365,15 @@ class Daemon:
         down or stalls delays nothing but its own listing. A change wakes the replicator."""
         with trio.CancelScope() as peer.scope:
             while True:
-                before = dict(peer.models)
+                before, was_down = dict(peer.models), peer.failures > 0
+                peer.listed_at = trio.current_time()
                 with trio.move_on_after(max(self.config.interval, LIST_TIMEOUT)) as timer:
                     await self._list_peer(peer)
                 if timer.cancelled_caught:
                     peer.failed(TimeoutError("listing timed out"), self.config.interval)
-                if peer.models != before:
-                    self.wake()
-                await trio.sleep(max(peer.retry_at - time.monotonic(), self.config.interval))
+                if peer.models != before or (was_down and not peer.failures):
+                    self.wake()  # back up: what waited for it is tried at once
+                await self._sleep_until(lambda: peer.next_try(self.config.interval))
 
     async def _list_peer(self, peer: PeerState) -> None:
         client = PeerClient(peer.url, self.http)
@@ -295,21 +391,48 @@ class Daemon:
         peer.models = digests
         peer.succeeded()
 
-    async def _pull(self, name: str, digest: str, sources: list[str]) -> None:
-        self.transfers[name] = Transfer(name, digest, sources)
-        options = PullOptions(prefer=self.config.prefer)
+    async def _pull(self, t: Transfer) -> None:
+        name, digest, sources = t.name, t.digest, t.sources
+        # A list's variant is the one `prefer` ranks first, or none: never another.
+        options = PullOptions(prefer=self.config.prefer, fallback=False)
         try:
-            report = await pull(self.layout, [name], sources, options=options, http=self.http)
+            async with self._transfer_slots:
+                t.pulling, t.started = True, time.time()
+                report = await pull(
+                    self.layout,
+                    [name],
+                    sources,
+                    options=options,
+                    progress=t.progress,
+                    http=self.http,
+                    lease=self.pull_lease,
+                )
         except (SyncError, StoreError) as exc:
             self.pull_failures += 1
             if isinstance(exc, PeerLiedError):
                 self._lied(str(exc))
-            log.warning("replicate %s from %s: %s", name, sources[0], exc)
+            delay = backoff(1, self.config.interval)
+            behind = self.behind.get(name)
+            if behind is not None and behind.digest == digest:
+                behind.failures += 1
+                behind.error, behind.sources = str(exc), tuple(sources)
+                delay = backoff(behind.failures, self.config.interval)
+                behind.retry_at = trio.current_time() + delay
+                assert self._nursery is not None
+                self._nursery.start_soon(self._retry, delay)
+            log.warning(
+                "replicate %s from %s: %s (next try in %s)",
+                name,
+                ", ".join(sources),
+                exc,
+                _seconds(delay),
+            )
             return
         finally:
             del self.transfers[name]
+        self.app.changed()  # the next round sees what the pull wrote
         self.pulled += 1
-        self.lag_since.pop(name, None)
+        self.behind.pop(name, None)
         self.local[name] = digest
         for result in report.models:
             for url in result.avoided:
@@ -327,6 +450,12 @@ class Daemon:
                 result.fetched,
                 result.fetched_bytes,
             )
+        self.wake()  # the peers may have moved on meanwhile
+
+    async def _retry(self, delay: float) -> None:
+        """Wake the replicator when a back-off ends, so the next try is when the log said."""
+        await trio.sleep(delay)
+        self.wake(self.replicate_once.__name__)
 
     def _lied(self, message: str) -> None:
         for url, peer in self.peers.items():
@@ -366,11 +495,20 @@ class Daemon:
 
     # -- GC -------------------------------------------------------------------------------------
     async def _gc_loop(self) -> None:
+        """The first run soon after the start, then each `gc.interval` after the last one
+        ended, by the interval in force (a reload reckons again)."""
+        first = trio.current_time()
+        last: float | None = None
+
+        def due() -> float:
+            interval = self.config.gc.interval
+            return first + min(GC_FIRST_DELAY, interval) if last is None else last + interval
+
         while True:
-            gc = self.config.gc
-            await trio.sleep(gc.interval)
+            await self._sleep_until(due)
             if self.config.gc.enabled:
                 await self.collect()
+            last = trio.current_time()
 
     async def collect(self) -> GcReport | None:
         try:
@@ -401,7 +539,7 @@ class Daemon:
 
     # -- observability ----------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
-        now = time.time()
+        now, clock = time.time(), trio.current_time()
         return {
             "daemon": {
                 "rounds": self.rounds,
@@ -410,11 +548,33 @@ class Daemon:
                 "models": self.local,
                 "pulled": self.pulled,
                 "pull_failures": self.pull_failures,
+                "max_transfers": self.config.max_transfers,
                 "transfers": [
-                    {"name": t.name, "digest": t.digest, "from": t.sources, "since": t.started}
+                    {
+                        "name": t.name,
+                        "digest": t.digest,
+                        "from": t.sources,
+                        "since": t.started,
+                        "state": "pulling" if t.pulling else "waiting",
+                        "bytes": t.progress.totals.completed,
+                        "total_bytes": t.progress.totals.total,
+                    }
                     for t in self.transfers.values()
                 ],
-                "lag_seconds": {n: round(now - t, 3) for n, t in sorted(self.lag_since.items())},
+                "behind": {
+                    n: {
+                        "digest": b.digest,
+                        "reason": b.reason,
+                        "since": b.since,
+                        "error": b.error,
+                        "failures": b.failures,
+                        "next_try_seconds": (
+                            round(max(b.retry_at - clock, 0.0), 3) if b.failures else None
+                        ),
+                    }
+                    for n, b in sorted(self.behind.items())
+                },
+                "lag_seconds": {n: round(now - b.since, 3) for n, b in sorted(self.behind.items())},
                 "lease_age_seconds": self.lease_age(),
                 "gc": {
                     "runs": self.gc_runs,
@@ -495,9 +655,23 @@ class Daemon:
                 "replication_lag_seconds",
                 "gauge",
                 "Seconds a selected name has differed from the peers' version.",
-                [(name_label(n), round(now - t, 3)) for n, t in sorted(self.lag_since.items())],
+                [(name_label(n), round(now - b.since, 3)) for n, b in sorted(self.behind.items())],
             ),
-            ("transfers_in_flight", "gauge", "Pulls running now.", [("", len(self.transfers))]),
+            (
+                "transfers_in_flight",
+                "gauge",
+                "Pulls running now.",
+                [("", sum(t.pulling for t in self.transfers.values()))],
+            ),
+            (
+                "transfer_bytes",
+                "gauge",
+                "Bytes of each pull in flight that are here so far.",
+                [
+                    (name_label(t.name), t.progress.totals.completed)
+                    for t in self.transfers.values()
+                ],
+            ),
         ]
 
 

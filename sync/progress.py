@@ -121,6 +121,17 @@ class _Totals:
         return moved / elapsed if elapsed > 0.2 and moved > 0 else 0.0
 
 
+class TallyProgress(NullProgress):
+    """Bytes of a pull's blobs, all and done so far: what the sync daemon's status shows of
+    each transfer in flight."""
+
+    def __init__(self) -> None:
+        self.totals = _Totals()
+
+    def blob(self, model: str, digest: Digest, total: int, completed: int) -> None:
+        self.totals.update(digest, total, completed)
+
+
 class BarProgress:
     """One line per model, redrawn in place: name, bar, percent, bytes, rate."""
 

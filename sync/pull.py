@@ -94,7 +94,7 @@ from store.manifest import (
     parse_manifest,
 )
 from store.names import Name, name_from_path_parts, parse_name
-from store.scan import DEFAULT_PREFER
+from store.scan import DEFAULT_PREFER, child_runner, rank_children
 from sync import progress as P
 from sync.client import (
     Conn,
@@ -137,6 +137,10 @@ WRITERS = 2  # threads writing one blob: two direct writes in flight keep a disk
 class PullOptions:
     prefer: tuple[str, ...] = DEFAULT_PREFER
     all_variants: bool = False
+    # When no peer has the preferred child of a list: take the next one some peer has (a
+    # pull by hand), or fail and write nothing (the sync daemon: the old version stays
+    # rather than the tag switching to a variant this host did not choose).
+    fallback: bool = True
     read_timeout: float = READ_TIMEOUT
     small_max: int = 8 * MiB  # blobs below this are fetched whole, in memory
     parallel_min: int = 256 * MiB  # blobs from this size on may use several connections:
@@ -179,30 +183,11 @@ class PullReport:
 
 
 # -- choosing children ------------------------------------------------------------------------
-def _runner_of(runner: str | None, fmt: str | None) -> str:
-    if runner:
-        return runner.lower()
-    # No runner metadata: inferred from the format, as Ollama does.
-    return {"safetensors": "mlx", "gguf": "ggml"}.get((fmt or "").lower(), "")
-
-
 def select_children(lst: ManifestList, prefer: Sequence[str], all_variants: bool) -> list[int]:
     """Indexes of the children to pull, best first: all of them, or the single best by
-    `prefer` (list order breaks ties; a runner not in `prefer` ranks after every one that is)."""
+    `prefer` (store.scan.rank_children, the ranking the mount uses too)."""
     ranked = rank_children(lst, prefer)
     return ranked if all_variants else ranked[:1]
-
-
-def rank_children(lst: ManifestList, prefer: Sequence[str]) -> list[int]:
-    """Every child's index, in the order a pull would want them by `prefer`."""
-    order = [p.lower() for p in prefer]
-
-    def rank(i: int) -> tuple[int, int]:
-        c = lst.children[i]
-        r = _runner_of(c.runner, c.format)
-        return (order.index(r) if r in order else len(order), i)
-
-    return sorted(range(len(lst.children)), key=rank)
 
 
 def _is_gguf(runner: str | None, fmt: str | None, manifest: Manifest) -> bool:
@@ -515,6 +500,15 @@ class Puller:
         the_list = decode_list(carrier, await peer.blob(name, ref.digest, ref.size))
         return FetchedManifest(the_list.raw, MEDIA_LIST, the_list.digest, peer.url)
 
+    async def _child(
+        self, name: Name, digest: Digest, peers: Sequence[PeerClient], top: FetchedManifest
+    ) -> tuple[FetchedManifest, Manifest]:
+        """A child manifest of the list `top`, by digest, checked against it."""
+        fetched, manifest = await self._manifest(name, digest, peers, digest)
+        if isinstance(manifest, ManifestList):
+            raise PeerError(f"{fetched.url}: manifest list {top.digest} nests a list")
+        return fetched, manifest
+
     def _order(self, first: str) -> list[PeerClient]:
         return sorted(self.peers, key=lambda p: p.url != first)
 
@@ -539,23 +533,36 @@ class Puller:
         result = ModelResult(label, top.digest)
         children: list[tuple[int, FetchedManifest | None, Manifest]] = []
         if isinstance(parsed, ManifestList):
-            # The best child by `prefer` (or every child) that some peer has: a peer that
-            # pulled one variant serves a list naming children it does not hold.
+            # The best child by `prefer` (or every child): with `fallback`, the best that
+            # some peer has, since a peer that pulled one variant serves a list naming
+            # children it does not hold; without, that one or nothing.
             absent: list[tuple[int, SyncError]] = []
-            for i in rank_children(parsed, self.options.prefer):
+            got: dict[Digest, tuple[FetchedManifest, Manifest]] = {}
+            for child in parsed.children:
+                # A child the list names no runner for is ranked by its manifest, as the
+                # mount ranks it.
+                if child.runner is None and child.inline is None:
+                    with contextlib.suppress(PeerNotFoundError):
+                        got[child.digest] = await self._child(name, child.digest, peers, top)
+            known = {d: m for d, (_, m) in got.items()}
+            for i in rank_children(parsed, self.options.prefer, known):
                 child = parsed.children[i]
                 if child.inline is not None:
                     children.append((i, None, child.inline))
                 else:
                     try:
-                        fetched, manifest = await self._manifest(
-                            name, child.digest, peers, child.digest
+                        fetched, manifest = got.get(child.digest) or await self._child(
+                            name, child.digest, peers, top
                         )
                     except PeerNotFoundError as exc:
+                        if not (self.options.fallback or self.options.all_variants):
+                            runner = child_runner(child, known.get(child.digest))
+                            raise PeerNotFoundError(
+                                f"no peer has the {runner or child.digest.short} variant of "
+                                f"{label} ({exc})"
+                            ) from None
                         absent.append((i, exc))
                         continue
-                    if isinstance(manifest, ManifestList):
-                        raise PeerError(f"{fetched.url}: manifest list {top.digest} nests a list")
                     children.append((i, fetched, manifest))
                 if not self.options.all_variants:
                     break
@@ -715,15 +722,13 @@ class Puller:
             self._manifest_blob(list_raw)
             written = [self.store.write_v2_manifest(name, list_raw)]
 
-            def rank(item: tuple[int, FetchedManifest | None, Manifest]) -> tuple[int, int]:
+            known = {m.digest: m for _, _, m in children}
+            ranked = rank_children(lst, self.options.prefer, known)
+
+            def rank(item: tuple[int, FetchedManifest | None, Manifest]) -> tuple[bool, int]:
                 i, _, m = item
                 c = lst.children[i]
-                order = [p.lower() for p in self.options.prefer]
-                r = _runner_of(c.runner, c.format)
-                return (
-                    0 if _is_gguf(c.runner, c.format, m) else 1,
-                    order.index(r) if r in order else len(order),
-                )
+                return (not _is_gguf(c.runner, c.format, m), ranked.index(i))
 
             _, _, chosen = min(children, key=rank)
             anchor = anchor_bytes(chosen.raw, list_raw, refs)
@@ -1298,18 +1303,20 @@ async def pull(
     progress: P.Progress | None = None,
     authorization: str | None = None,
     http: httpx.AsyncClient | None = None,
+    lease: LiveLease | None = None,
 ) -> PullReport:
-    """Pull each name, in order; the first failure is raised (earlier names stay pulled)."""
+    """Pull each name, in order; the first failure is raised (earlier names stay pulled).
+    Pulls running at once in one process share one `lease` (its file is per process)."""
     options = options or PullOptions()
     try:
         BlobStore(layout).ensure_dirs()
     except OSError as exc:
         raise _local_error(exc, layout, "anything") from None
     report = PullReport()
-    async with (
-        peer_clients(sources, options, authorization, http) as peers,
-        pull_lease(layout) as lease,
-    ):
+    async with contextlib.AsyncExitStack() as stack:
+        peers = await stack.enter_async_context(peer_clients(sources, options, authorization, http))
+        if lease is None:
+            lease = await stack.enter_async_context(pull_lease(layout))
         puller = Puller(layout, peers, options, progress, lease)
         for text in names:
             report.models.append(await puller.pull_one(text))

@@ -458,6 +458,10 @@ class RegistryApp:
         self.extra_metrics: Callable[[], list[MetricFamily]] | None = None
 
     # -- the snapshot --------------------------------------------------------------------
+    def changed(self) -> None:
+        """The store changed (a pull wrote to it): the next look checks it again at once."""
+        self._checked = -float("inf")
+
     async def view(self) -> View:
         """The current snapshot; rebuilt first when the store changed since the last look."""
         if self._view is not None and time.monotonic() - self._checked < self.refresh_interval:

@@ -57,14 +57,35 @@ def write_config(path: Path, **keys: Any) -> Path:
 
 
 class Daemon:
-    def __init__(self, proc: subprocess.Popen[bytes], log: Path, url: str, config: Path) -> None:
+    def __init__(
+        self, proc: subprocess.Popen[bytes], log: Path, url: str, config: Path, keys: dict[str, Any]
+    ) -> None:
         self.proc, self.log, self.url, self.config = proc, log, url, config
+        self.keys = keys  # what its config file says
+
+    def reload(self, **changes: Any) -> None:
+        """Rewrite its config with `changes` and send SIGHUP."""
+        self.keys = {**self.keys, **changes}
+        write_config(self.config, **self.keys)
+        self.proc.send_signal(signal.SIGHUP)
 
     def status(self) -> dict[str, Any]:
         return httpx.get(f"{self.url}/modelfs/v1/status", timeout=10).json()
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")
+
+    def status_cli(self) -> str:
+        """`modelfs status --url` of this daemon: its output (exit status 0 asserted)."""
+        r = subprocess.run(
+            [MODELFS, "status", "--url", self.url],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env=_env(),
+        )
+        assert r.returncode == 0, r.stderr
+        return r.stdout
 
 
 @contextmanager
@@ -89,7 +110,7 @@ def daemon(
             what=f"{name} to be ready",
         )
         assert proc.poll() is None, log.read_text()
-        yield Daemon(proc, log, f"http://{keys['listen']}", config)
+        yield Daemon(proc, log, f"http://{keys['listen']}", config, keys)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -114,6 +135,15 @@ def complete(store: Path, name: str) -> bool:
             if hashlib.sha256(index.layout.blob(d).read_bytes()).hexdigest() != d.hex:
                 return False
     return bool(entry.variants)
+
+
+def partial_bytes(store: Path, digest_hex: str) -> int:
+    """Bytes of a blob a pull has on disk in `.modelfs/tmp/` so far, by its sidecar."""
+    sidecar = store / ".modelfs" / "tmp" / f"pull-sha256-{digest_hex}.json"
+    try:
+        return sum(e - s for s, e in json.loads(sidecar.read_text())["done"])
+    except (OSError, ValueError, KeyError):
+        return 0
 
 
 def big_model(store: TinyStore, name: str, size: int, seed: int = 1) -> bytes:
@@ -266,26 +296,10 @@ def test_replicates_selected_names_reloads_on_sighup_and_survives_a_bad_reload(
         assert f'modelfs_peer_up{{peer="{dead}"}} 0' in metrics
         assert f'modelfs_peer_blobs_received_total{{peer="{peer_url}"}}' in metrics
 
-        r = subprocess.run(
-            [MODELFS, "status", "--url", d.url],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            env=_env(),
-        )
-        assert r.returncode == 0, r.stderr
-        assert "qwen3:0.6b" in r.stdout and "same" in r.stdout and "DOWN" in r.stdout
+        out = d.status_cli()
+        assert "qwen3:0.6b" in out and "same" in out and "DOWN" in out
 
-        write_config(
-            d.config,
-            store=str(b),
-            listen=d.url.removeprefix("http://"),
-            host_id="b",
-            peers=[peer_url],
-            replicate=["qwen3:*", "gemma4:*"],
-            interval="1s",
-        )
-        d.proc.send_signal(signal.SIGHUP)
+        d.reload(peers=[peer_url], replicate=["qwen3:*", "gemma4:*"])
         wait_until(lambda: complete(b, "gemma4:26b"), what="gemma4 after SIGHUP")
         assert "other:1" not in names(b)
 
@@ -338,13 +352,9 @@ def test_a_daemon_killed_mid_transfer_resumes_after_restart(tmp_path: Path) -> N
     keys = {"store": str(store), "interval": "1s", "replicate": ["big:*"]}
     with fakepeer(origin.root, "throttle=6M", log=log) as url:
         keys["peers"] = [url]
-        sidecar = store / ".modelfs" / "tmp" / f"pull-sha256-{digest}.json"
 
         def done_bytes() -> int:
-            try:
-                return sum(e - s for s, e in json.loads(sidecar.read_text())["done"])
-            except (OSError, ValueError, KeyError):
-                return 0
+            return partial_bytes(store, digest)
 
         with daemon(tmp_path, "k", **keys) as d:
             wait_until(lambda: done_bytes() > 8 * MiB, 60, "a third of the blob")
