@@ -88,6 +88,26 @@ def test_shipped_and_readme_configs_load_with_the_daemons_loader(tmp_path: Path)
         assert re.search(rf"^#? ?{key} = ", shipped_text, re.M), key
 
 
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--venv", "/root/modelfs"], "ProtectHome=yes"),
+        (["--venv", "/home/me/venv"], "ProtectHome=yes"),
+        (["--venv", "opt/venv"], "absolute path"),
+        (["--prefix", "/opt"], "unknown argument --prefix"),
+    ],
+)
+def test_install_refuses_a_venv_the_units_cannot_run_in_one_line(
+    args: list[str], needle: str
+) -> None:
+    done = subprocess.run(
+        [str(REPO / "scripts" / "install"), *args], capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 2 and done.stdout == "", done
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("install: ") and needle in line, line
+
+
 # -- the fresh root -------------------------------------------------------------------------------
 class FreshRoot:
     """Commands run inside the namespaces of a holder process (nsenter)."""
