@@ -285,11 +285,14 @@ def test_readme_install_in_a_fresh_root(fresh_root: FreshRoot, tmp_path: Path) -
     status = r.run("modelfs", "status", "--token-file", "/etc/modelfs/token", user="ollama")
     assert status.returncode == 0 and status.stdout.strip()
 
-    # Again, as after a `git pull`: what the user changed stays, nothing is added twice.
-    r.run("sh", "-c", "echo '# edited' >> /etc/modelfs/config.toml")
+    # Again, as after a `git pull`: what the user changed stays (a mistake in it is named in
+    # one line, by the daemon's own loader), nothing is added twice.
+    r.run("sh", "-c", "echo 'peer = []' >> /etc/modelfs/config.toml")
     before = {p: r.read(p) for p in ("/etc/modelfs/token", "/etc/fuse.conf", *units)}
     again = r.run(str(REPO / "scripts" / "install"), env=env, timeout=600)
     assert "wrote" not in again.stderr and "set user_allow_other" not in again.stderr, again
-    assert r.read("/etc/modelfs/config.toml").endswith("# edited\n")
+    assert "install: warning: /etc/modelfs/config.toml: gc.peer: unknown key;" in again.stderr
+    assert "Traceback" not in again.stderr
+    assert r.read("/etc/modelfs/config.toml").endswith("peer = []\n")
     assert {p: r.read(p) for p in before} == before
     assert r.run(f"{VENV}/bin/modelfs", "--version", user="ollama").returncode == 0
