@@ -380,6 +380,16 @@ def _peer_arguments(p: argparse.ArgumentParser, token_help: str) -> None:
     )
 
 
+def _version() -> str:
+    """The installed distribution's version: what pip put there, so a venv answers for itself."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("modelfs")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -396,6 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="modelfs",
         description="Show an Ollama model store by name, and keep it in step across hosts.",
     )
+    parser.add_argument("--version", action="version", version=f"modelfs {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("ls", parents=[common], help="list models, like `ollama list`")
