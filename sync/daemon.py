@@ -38,13 +38,13 @@ from store.layout import Layout
 from store.leases import HEARTBEAT, LeaseKeeper
 from store.names import Name
 from store.scan import StoreIndex
-from sync.client import PeerClient
+from sync.client import peer_session
 from sync.config import ConfigError, SyncConfig, load_config
+from sync.credentials import read_credentials
 from sync.errors import PeerLiedError, SyncError
 from sync.gc import GcReport, run_gc
-from sync.http import make_client
 from sync.pull import PullOptions, pull
-from sync.serve import read_token_file, serve
+from sync.serve import serve
 from sync.server import RegistryApp
 from sync.threads import run_unwrapped
 
@@ -149,8 +149,9 @@ class Daemon:
     # -- the whole daemon ---------------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
         config = self.config
-        token = read_token_file(config.token_file) if config.token_file else None
-        self.token = token
+        # One file: the token this host serves with, and the credentials sent to its peers.
+        credentials = read_credentials(config.token_file)
+        token = credentials.secret if credentials is not None else None
         app = RegistryApp(self.layout, token=token, prefer=config.prefer, host_id=config.host_id)
         self.app = app
         app.extra_status = self.status
@@ -158,11 +159,10 @@ class Daemon:
         await app.view()
         heartbeat = min(HEARTBEAT, config.gc.lease_ttl / 4)
         async with (
-            make_client(token=token) as http,
+            peer_session(credentials) as self.session,
             leased(self.keeper, strict=False, heartbeat=heartbeat) as self.lease,
             trio.open_nursery() as nursery,
         ):
-            self.http = http
             self.url = await nursery.start(
                 lambda task_status: serve(
                     app,
@@ -280,7 +280,7 @@ class Daemon:
                 await trio.sleep(max(peer.retry_at - time.monotonic(), self.config.interval))
 
     async def _list_peer(self, peer: PeerState) -> None:
-        client = PeerClient(peer.url, self.http)
+        client = self.session.peer(peer.url)
         try:
             names: list[Name] = await client.models()
             digests: dict[str, str] = {}
@@ -299,7 +299,7 @@ class Daemon:
         self.transfers[name] = Transfer(name, digest, sources)
         options = PullOptions(prefer=self.config.prefer)
         try:
-            report = await pull(self.layout, [name], sources, options=options, http=self.http)
+            report = await pull(self.layout, [name], sources, options=options, session=self.session)
         except (SyncError, StoreError) as exc:
             self.pull_failures += 1
             if isinstance(exc, PeerLiedError):

@@ -46,6 +46,7 @@ from store.verify import (
     quarantined,
 )
 from store.verify_report import Corrupt, Owner, Repair, Report, survey
+from sync.credentials import Credentials
 from sync.errors import SyncError
 from sync.threads import in_thread, run_unwrapped
 
@@ -58,7 +59,7 @@ PROGRESS_EVERY = 10.0  # seconds between progress lines on a long run
 class VerifyOptions:
     quick: bool = False
     repair_from: Sequence[str] = ()
-    authorization: str | None = None
+    credentials: Credentials | None = None
     workers: int = field(default_factory=lambda: os.cpu_count() or 1)
     read_timeout: float | None = None  # for --repair-from peers; None: pull's default
 
@@ -252,7 +253,7 @@ async def _repair(
     )
     repaired: set[Digest] = set()
     async with (
-        peer_clients(options.repair_from, pull, options.authorization) as peers,
+        peer_clients(options.repair_from, pull, options.credentials) as peers,
         pull_lease(layout) as lease,  # what is in flight, for a GC on any host to leave alone
     ):
         puller = Puller(layout, peers, pull, lease=lease)

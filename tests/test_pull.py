@@ -32,6 +32,7 @@ from store.layout import Layout
 from store.manifest import MEDIA_LIST, MEDIA_MANIFEST, ManifestList, parse_manifest
 from store.names import parse_name
 from store.scan import scan_store
+from sync.credentials import Credentials
 from sync.errors import (
     LocalWriteError,
     PeerAuthError,
@@ -450,7 +451,7 @@ async def test_token_is_sent_and_a_missing_one_is_a_clear_error(
             ["llama3.2:3b"],
             [peer.url],
             options=LARGE,
-            authorization="Bearer s3cret",
+            credentials=Credentials("s3cret"),
         )
     assert tree(tmp_path / "b") == tree(tiny.root)
 
@@ -473,6 +474,12 @@ async def test_cancelled_pull_resumes_from_the_sidecar(tmp_path: Path) -> None:
         done = json.loads((b.tmp / left[0]).read_bytes())["done"]
         assert done and done[0][0] == 0 and 0 < done[0][1] < 4 * MiB
         assert_no_manifest(b.root)
+        # A peer that refuses the resume (401, a token changed) leaves the partial alone.
+        peer.faults[:] = [Fault.parse(f"status=401@{big.hex[:12]}")]
+        with pytest.raises(PeerAuthError, match="401"):
+            await pull(b, ["llama3.2:3b"], [peer.url], options=opts)
+        assert sorted(os.listdir(b.tmp)) == left
+        assert json.loads((b.tmp / left[0]).read_bytes())["done"] == done
         peer.faults.clear()
         peer.requests.clear()
         await pull(b, ["llama3.2:3b"], [peer.url], options=opts)
