@@ -354,7 +354,8 @@ Exit status: 0 when every blob matches its name and every manifest is readable a
 blobs (after any repair); 1 when a blob is corrupt or unreadable, a manifest names a missing
 blob or a blob of the wrong size, or a manifest is unreadable. Orphaned blobs, stray files and
 `sha256:`-named blobs are reported but alone do not fail the run: they cost disk space, not
-models (`modelfs gc` reclaims orphans; the fix for a misnamed blob is printed).
+models (`modelfs gc` reclaims orphans, except those it keeps for now, each with the reason: tag
+history, a live lease, younger than the grace; the fix for a misnamed blob is printed).
 
 Corrupt blobs are moved to <store>/.modelfs/quarantine/ and are then no longer served by a mount
 or `modelfs serve`. With --repair-from, each corrupt or missing blob is fetched again from the
