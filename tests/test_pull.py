@@ -13,6 +13,7 @@ LARGE shrinks the thresholds so a 3 MiB blob goes in 256 KiB ranges over three c
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -32,7 +33,7 @@ from store.layout import Layout
 from store.manifest import MEDIA_LIST, MEDIA_MANIFEST, ManifestList, parse_manifest
 from store.names import parse_name
 from store.scan import scan_store
-from sync.credentials import Credentials
+from sync.credentials import Credentials, CredentialsError, read_credentials
 from sync.errors import (
     LocalWriteError,
     PeerAuthError,
@@ -654,3 +655,32 @@ async def test_children_the_peer_lacks_are_skipped(tmp_path: Path) -> None:
         await pull(c, [GEMMA], [peer_b.url], options=PullOptions(all_variants=True))
         await pull(d, [GEMMA], [peer_b.url], options=PullOptions(prefer=("mlx", "llamacpp")))
     assert tree(c.root) == tree(b.root) == tree(d.root)
+
+
+@pytest.mark.parametrize(
+    ("content", "expect"),
+    [
+        (b"  t0ken-abc\n", "Bearer t0ken-abc"),
+        (b"me:pa ss\n", "Basic " + base64.b64encode(b"me:pa ss").decode()),
+        (b"", "is empty"),
+        (b"one\ntwo\n", "expected one line"),
+        (b"two words", "printable ASCII"),
+        (b":nouser", "expected user:password"),
+        (b"\xff\xfe", "not UTF-8"),
+        (b"x" * 2000, "larger than 1024 bytes"),
+    ],
+)
+def test_one_reader_for_every_token_file(tmp_path: Path, content: bytes, expect: str) -> None:
+    """serve, pull, push, verify --repair-from, status and the daemon read token files here."""
+    path = tmp_path / "token"
+    path.write_bytes(content)
+    if expect.startswith(("Bearer ", "Basic ")):
+        credentials = read_credentials(path)
+        assert credentials.authorization == expect
+        assert credentials.secret not in repr(credentials)
+    else:
+        with pytest.raises(CredentialsError) as e:
+            read_credentials(path)
+        assert expect in str(e.value) and str(path) in str(e.value)
+    with pytest.raises(CredentialsError, match="cannot read token file"):
+        read_credentials(tmp_path / "missing")
