@@ -251,15 +251,15 @@ def _writable_root(explicit: Path | None) -> Path:
 
 def cmd_sync(args: argparse.Namespace) -> int:
     from sync.config import load_config
+    from sync.credentials import CredentialsError, read_credentials
     from sync.daemon import run_daemon
-    from sync.serve import ServeError, read_token_file
+    from sync.serve import ServeError
 
     config = load_config(args.config)
     root = _writable_root(args.store or config.store)
     try:
-        if config.token_file is not None:
-            read_token_file(config.token_file)
-    except ServeError as exc:
+        read_credentials(config.token_file)
+    except CredentialsError as exc:
         raise UserError(f"{config.path}: token_file: {exc}") from None
     if config.token_file is None and config.peers:
         log.info("no token_file: peers must serve loopback clients without a token")
@@ -284,14 +284,15 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
+    from sync.credentials import read_credentials
     from sync.progress import BarProgress, JsonProgress, LineProgress, Progress
-    from sync.pull import PullOptions, read_credentials, run_pull
+    from sync.pull import PullOptions, run_pull
 
     sources = [u.rstrip("/") for u in args.sources]
     for url in sources:
         if not url.startswith(("http://", "https://")):
             raise UserError(f"--from {url!r}: expected http://HOST[:PORT] or https://HOST[:PORT]")
-    authorization = read_credentials(args.token_file)
+    credentials = read_credentials(args.token_file)
     root = _writable_root(args.store)
     progress: Progress
     if args.json:
@@ -310,7 +311,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
             sources,
             options=options,
             progress=progress,
-            authorization=authorization,
+            credentials=credentials,
         )
     except (StoreError, SyncError) as exc:
         progress.error(_one_line(str(exc)))
@@ -330,16 +331,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
             raise UserError(
                 f"--repair-from {url!r}: expected http://HOST[:PORT] or https://HOST[:PORT]"
             )
-    authorization = None
-    if args.token_file is not None:
-        from sync.pull import read_credentials
+    from sync.credentials import read_credentials
 
-        authorization = read_credentials(args.token_file)
+    credentials = read_credentials(args.token_file)
     root = find_store_root(args.store)
     options = VerifyOptions(
         quick=args.quick,
         repair_from=sources,
-        authorization=authorization,
+        credentials=credentials,
         read_timeout=args.timeout,
     )
     report = run_verify(root, options)
@@ -355,7 +354,8 @@ Exit status: 0 when every blob matches its name and every manifest is readable a
 blobs (after any repair); 1 when a blob is corrupt or unreadable, a manifest names a missing
 blob or a blob of the wrong size, or a manifest is unreadable. Orphaned blobs, stray files and
 `sha256:`-named blobs are reported but alone do not fail the run: they cost disk space, not
-models (`modelfs gc` reclaims orphans; the fix for a misnamed blob is printed).
+models (`modelfs gc` reclaims orphans, except those it keeps for now, each with the reason: tag
+history, a live lease, younger than the grace; the fix for a misnamed blob is printed).
 
 Corrupt blobs are moved to <store>/.modelfs/quarantine/ and are then no longer served by a mount
 or `modelfs serve`. With --repair-from, each corrupt or missing blob is fetched again from the

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 
 from modelfs.human import human_bytes, table
-from sync.serve import ServeError, read_token_file
+from sync.credentials import CredentialsError, read_credentials
 
 
 def fetch_status(url: str, token_file: Path | None) -> tuple[dict[str, Any] | None, str | None]:
@@ -17,8 +17,8 @@ def fetch_status(url: str, token_file: Path | None) -> tuple[dict[str, Any] | No
     headers = {}
     if token_file is not None:
         try:
-            headers["Authorization"] = f"Bearer {read_token_file(token_file)}"
-        except ServeError as exc:
+            headers["Authorization"] = read_credentials(token_file).authorization
+        except CredentialsError as exc:
             return None, str(exc)
     target = url.rstrip("/") + "/modelfs/v1/status"
     try:

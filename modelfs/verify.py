@@ -52,15 +52,28 @@ def render(report: Report) -> str:
     for name in report.changed:
         out.append(f"CHANGED     blobs/{name} changed while it was read; not judged (run again)")
     if report.orphaned:
+        reclaim = report.reclaimable
+        kept = len(report.orphaned) - len(reclaim)
         out.append(
             f"ORPHANED    {len(report.orphaned)} blob(s), {human_bytes(report.orphaned_bytes)}, "
-            "named by no manifest (`modelfs gc` reclaims them)"
+            f"named by no manifest: `modelfs gc` reclaims {len(reclaim)} "
+            f"({human_bytes(sum(s for _, s in reclaim))}), keeps {kept} for now (why, below)"
             + ("; some may belong to the bad manifests above" if report.bad_manifests else "")
         )
         for name, size in report.orphaned[:LIST_AT_MOST]:
-            out.append(f"              blobs/{name}  {human_bytes(size)}")
+            why = report.kept.get(name)
+            out.append(
+                f"              blobs/{name}  {human_bytes(size)}"
+                + (f"  kept: {why}" if why else "")
+            )
         if len(report.orphaned) > LIST_AT_MOST:
             out.append(f"              … and {len(report.orphaned) - LIST_AT_MOST} more (--json)")
+            groups: dict[str, list[int]] = {}
+            for name, size in report.orphaned:
+                if name in report.kept:
+                    groups.setdefault(report.kept[name], []).append(size)
+            for why, sizes in groups.items():  # every reason, where not all are listed
+                out.append(f"              kept: {len(sizes)} ({human_bytes(sum(sizes))}): {why}")
     if report.stray:
         out.append(
             f"STRAY       {len(report.stray)} file(s), {human_bytes(report.stray_bytes)}, "

@@ -9,7 +9,8 @@ Kinds of findings, and whether they make the store "not whole" (exit status 1):
 - unreadable: a blob that cannot be read (EIO, EACCES)                         — wrong
 - missing: a manifest names a blob that is absent or has another size           — wrong
 - bad manifest: a manifest that cannot be read or parsed                        — wrong
-- orphaned: a blob no manifest names (`modelfs gc` reclaims it)                 — information
+- orphaned: a blob no manifest names: `modelfs gc` reclaims it, unless GC keeps it for now
+  (tag history, a live lease, younger than the grace; `gc_keeps` says which) — information
 - stray: a file that is not a blob or a manifest (Ollama partials, .DS_Store)   — information
 - misnamed: `sha256:<hex>` (a copy from another OS); Ollama renames these
   itself at startup, and the fix is printed                                     — information
@@ -26,7 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from store.digest import Digest
-from store.errors import InvalidDigestError
+from store.durations import format_duration
+from store.errors import InvalidDigestError, StoreError
+from store.gc import history_roots
+from store.history import TagHistory
+from store.layout import Layout
+from store.leases import read_leases
 from store.names import Name
 from store.reach import Reach
 from store.scan import StoreIndex
@@ -184,6 +190,7 @@ class Report:
     changed: list[str] = field(default_factory=list)
     missing: list[Missing] = field(default_factory=list)
     orphaned: list[tuple[str, int]] = field(default_factory=list)  # blob name, size
+    kept: dict[str, str] = field(default_factory=dict)  # orphan -> why GC keeps it for now
     stray: list[tuple[str, int | None, str]] = field(default_factory=list)
     misnamed: list[Misnamed] = field(default_factory=list)
     bad_manifests: list[tuple[str, str]] = field(default_factory=list)
@@ -194,6 +201,11 @@ class Report:
     @property
     def orphaned_bytes(self) -> int:
         return sum(size for _, size in self.orphaned)
+
+    @property
+    def reclaimable(self) -> list[tuple[str, int]]:
+        """The orphans GC will reclaim (after its second sighting), not the ones it keeps."""
+        return [(n, s) for n, s in self.orphaned if n not in self.kept]
 
     @property
     def stray_bytes(self) -> int:
@@ -262,7 +274,11 @@ class Report:
             ],
             "orphaned": {
                 "bytes": self.orphaned_bytes,
-                "blobs": [{"blob": f"blobs/{n}", "size": s} for n, s in self.orphaned],
+                "reclaimable_bytes": sum(s for _, s in self.reclaimable),
+                "blobs": [
+                    {"blob": f"blobs/{n}", "size": s, "kept": self.kept.get(n)}
+                    for n, s in self.orphaned
+                ],
             },
             "stray": {
                 "bytes": self.stray_bytes,
@@ -285,3 +301,34 @@ class Report:
             ],
             "cache_written": self.cache_written,
         }
+
+
+def gc_keeps(
+    layout: Layout, orphans: list[tuple[str, int]], now: float, grace: float
+) -> dict[str, str]:
+    """Why GC keeps each orphan it will not reclaim yet, by GC's own roots (store.gc): tag
+    history (a replaced version within its retention), a live lease, or an mtime within
+    `grace`. Orphans absent from the answer are GC's to reclaim."""
+    history, _ = history_roots(layout, now)
+    retention = ""
+    if history:
+        with contextlib.suppress(OSError, ValueError, StoreError):
+            retention = f" for {format_duration(TagHistory(layout).retention())}"
+    held: dict[str, str] = {}
+    for lease in read_leases(layout, now).live:
+        for d in lease.digests:
+            held.setdefault(d.blob_name, f"a live {lease.purpose} lease of {lease.host}")
+    out: dict[str, str] = {}
+    for name, _ in orphans:
+        if Digest(name.removeprefix("sha256-")) in history:
+            out[name] = f"tag history keeps it{retention} (a version a tag moved away from)"
+        elif name in held:
+            out[name] = f"held by {held[name]}"
+        else:
+            try:
+                age = now - os.stat(layout.blobs / name, follow_symlinks=False).st_mtime
+            except OSError:
+                continue
+            if age < grace:
+                out[name] = f"younger than GC's grace ({format_duration(grace)})"
+    return out

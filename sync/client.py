@@ -1,11 +1,15 @@
 """One peer spoken to over the OCI distribution API: manifests, blob sizes, blob bytes.
 
-    PeerClient(url, http, authorization=None, read_timeout=30.0)
+    async with peer_session(credentials, read_timeout=30.0) as session:
+        client = session.peer(url) -> PeerClient    the only way one is made
         await .manifest(name, ref, expect=None) -> FetchedManifest    verified bytes
         await .blob(name, digest, size) -> bytes                       a small blob, verified
         .open_range(name, digest, start, end, size, stop, conn) -> RangeBody   (blocking)
 
-Manifests and small blobs go through the shared `httpx.AsyncClient` (sync.http.make_client):
+A `PeerSession` holds one host's credentials (sync.credentials) and the one
+`httpx.AsyncClient` made with them; every `PeerClient` comes from a session, so every request
+to a peer (listings, manifests, small blobs through httpx, large ones on the raw socket below,
+resumes) carries the same credentials. Manifests and small blobs go through that httpx client:
 connection pooling, redirects, TLS and every HTTP oddity are httpx's. The bytes of large
 blobs do not: `open_range` speaks just enough HTTP/1.1 on a blocking socket to send one
 ranged GET (following redirects, keeping the connection alive for the next range) and hands
@@ -34,6 +38,7 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from urllib.parse import urljoin, urlsplit
 
@@ -43,8 +48,9 @@ from store.digest import Digest
 from store.errors import InvalidDigestError, InvalidNameError
 from store.manifest import MAX_MANIFEST_BYTES, MEDIA_LIST
 from store.names import Name
+from sync.credentials import Credentials
 from sync.errors import PeerError, PeerLiedError, PeerNotFoundError, PeerUnreachableError
-from sync.http import READ_TIMEOUT, USER_AGENT, mapped_errors, raise_for_status
+from sync.http import READ_TIMEOUT, USER_AGENT, make_client, mapped_errors, raise_for_status
 from sync.partial import Stopped
 from sync.protocol import DIGEST_HEADER, MANIFEST_ACCEPT
 
@@ -222,23 +228,53 @@ def _next_link(header: str | None, base: str) -> str | None:
 
 
 # -- the peer ---------------------------------------------------------------------------------
-class PeerClient:
-    """A peer at `url` (scheme, host, port and an optional path prefix before `/v2/`)."""
+class PeerSession:
+    """One host's credentials and the httpx client that sends them; made by `peer_session`."""
 
     def __init__(
         self,
-        url: str,
         http: httpx.AsyncClient,
-        *,
-        authorization: str | None = None,
-        read_timeout: float = READ_TIMEOUT,
+        credentials: Credentials | None,
+        read_timeout: float,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        self.url = url.rstrip("/")
         self.http = http
-        self.authorization = authorization  # the header value: "Bearer …" or "Basic …"
+        self.credentials = credentials
         self.read_timeout = read_timeout
-        self._ssl = ssl_context
+        self.ssl_context = ssl_context
+
+    @property
+    def authorization(self) -> str | None:
+        return None if self.credentials is None else self.credentials.authorization
+
+    def peer(self, url: str) -> PeerClient:
+        return PeerClient(url, self)
+
+
+@contextlib.asynccontextmanager
+async def peer_session(
+    credentials: Credentials | None,
+    *,
+    read_timeout: float = READ_TIMEOUT,
+    ssl_context: ssl.SSLContext | None = None,
+) -> AsyncIterator[PeerSession]:
+    """Where every client of a peer is made: the httpx client with `credentials` in its
+    default headers, and the same credentials for the raw large-blob receiver."""
+    verify: bool | ssl.SSLContext = ssl_context if ssl_context is not None else True
+    async with make_client(credentials, read_timeout=read_timeout, verify=verify) as http:
+        yield PeerSession(http, credentials, read_timeout, ssl_context)
+
+
+class PeerClient:
+    """A peer at `url` (scheme, host, port and an optional path prefix before `/v2/`), spoken
+    to with its session's credentials (`PeerSession.peer` makes it)."""
+
+    def __init__(self, url: str, session: PeerSession) -> None:
+        self.url = url.rstrip("/")
+        self.session = session
+        self.http = session.http
+        self.read_timeout = session.read_timeout
+        self._ssl = session.ssl_context
         _split_url(self.url)  # reject a bad URL now
 
     def __repr__(self) -> str:
@@ -313,7 +349,7 @@ class PeerClient:
             if url is None:
                 break
             with mapped_errors(self.url, what):
-                response = await self.http.get(url, headers=self._auth())
+                response = await self.http.get(url)
                 raise_for_status(response, what)
             try:
                 body = response.json()
@@ -354,9 +390,6 @@ class PeerClient:
                 except InvalidNameError as exc:
                     log.debug("%s: skipping %s:%s (%s)", self.url, repo, tag, exc)
         return names
-
-    def _auth(self) -> dict[str, str]:
-        return {"Authorization": self.authorization} if self.authorization else {}
 
     # -- small blobs ----------------------------------------------------------------------------
     async def blob(self, name: Name, digest: Digest, size: int) -> bytes:
@@ -462,8 +495,9 @@ class PeerClient:
                 "Accept-Encoding: identity",
                 f"Range: bytes={start}-{end - 1}",
             ]
-            if auth and self.authorization:
-                lines.append(f"Authorization: {self.authorization}")
+            authorization = self.session.authorization
+            if auth and authorization:
+                lines.append(f"Authorization: {authorization}")
             request = ("\r\n".join(lines) + "\r\n\r\n").encode()
             if conn is None:
                 conn = self._connect(key, what)

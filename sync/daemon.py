@@ -48,14 +48,14 @@ from store.layout import Layout
 from store.leases import HEARTBEAT, LeaseKeeper
 from store.names import Name
 from store.scan import StoreIndex, child_runner
-from sync.client import PeerClient
+from sync.client import peer_session
 from sync.config import ConfigError, SyncConfig, load_config
+from sync.credentials import read_credentials
 from sync.errors import LocalWriteError, PeerLiedError, SyncError
 from sync.gc import GcReport, run_gc
-from sync.http import make_client
 from sync.progress import TallyProgress
 from sync.pull import PullOptions, pull, pull_lease
-from sync.serve import read_token_file, serve
+from sync.serve import serve
 from sync.server import RegistryApp
 from sync.threads import run_unwrapped
 
@@ -208,8 +208,9 @@ class Daemon:
     # -- the whole daemon ---------------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
         config = self.config
-        token = read_token_file(config.token_file) if config.token_file else None
-        self.token = token
+        # One file: the token this host serves with, and the credentials sent to its peers.
+        credentials = read_credentials(config.token_file)
+        token = credentials.secret if credentials is not None else None
         app = RegistryApp(self.layout, token=token, prefer=config.prefer, host_id=config.host_id)
         self.app = app
         app.extra_status = self.status
@@ -217,11 +218,10 @@ class Daemon:
         await app.view()
         heartbeat = min(HEARTBEAT, config.gc.lease_ttl / 4)
         async with (
-            make_client(token=token) as http,
+            peer_session(credentials) as self.session,
             leased(self.keeper, strict=False, heartbeat=heartbeat) as self.lease,
             contextlib.AsyncExitStack() as stack,
         ):
-            self.http = http
             try:
                 self.pull_lease = await stack.enter_async_context(pull_lease(self.layout))
             except LocalWriteError as exc:
@@ -376,7 +376,7 @@ class Daemon:
                 await self._sleep_until(lambda: peer.next_try(self.config.interval))
 
     async def _list_peer(self, peer: PeerState) -> None:
-        client = PeerClient(peer.url, self.http)
+        client = self.session.peer(peer.url)
         try:
             names: list[Name] = await client.models()
             digests: dict[str, str] = {}
@@ -404,7 +404,7 @@ class Daemon:
                     sources,
                     options=options,
                     progress=t.progress,
-                    http=self.http,
+                    session=self.session,
                     lease=self.pull_lease,
                 )
         except (SyncError, StoreError) as exc:

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import httpx
 
+from sync.credentials import Credentials
 from sync.errors import (
     PeerAuthError,
     PeerError,
@@ -21,14 +22,19 @@ READ_TIMEOUT = 30.0
 
 
 def make_client(
-    *, token: str | None = None, verify: bool | str | ssl.SSLContext = True
+    credentials: Credentials | None = None,
+    *,
+    read_timeout: float = READ_TIMEOUT,
+    verify: bool | str | ssl.SSLContext = True,
 ) -> httpx.AsyncClient:
+    """An httpx client that sends `credentials` with every request (httpx drops the header
+    on a redirect to another host, such as a registry's blob storage)."""
     headers = {"User-Agent": USER_AGENT}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
+    if credentials is not None:
+        headers["Authorization"] = credentials.authorization
     return httpx.AsyncClient(
         headers=headers,
-        timeout=httpx.Timeout(connect=10.0, read=READ_TIMEOUT, write=READ_TIMEOUT, pool=None),
+        timeout=httpx.Timeout(connect=10.0, read=read_timeout, write=read_timeout, pool=None),
         follow_redirects=True,
         verify=verify,
         limits=httpx.Limits(max_connections=32, max_keepalive_connections=16),

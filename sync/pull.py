@@ -58,7 +58,6 @@ nothing is promoted.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import errno
 import functools
@@ -76,7 +75,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import trio
 
 from runtime.leasing import LiveLease, leased
@@ -101,9 +99,12 @@ from sync.client import (
     FetchedManifest,
     NeedsHttpx,
     PeerClient,
+    PeerSession,
     TruncatedBodyError,
+    peer_session,
     repositories,
 )
+from sync.credentials import Credentials
 from sync.errors import (
     LocalWriteError,
     PeerAuthError,
@@ -113,7 +114,7 @@ from sync.errors import (
     PeerUnreachableError,
     SyncError,
 )
-from sync.http import READ_TIMEOUT, make_client, mapped_errors, raise_for_status
+from sync.http import READ_TIMEOUT, mapped_errors, raise_for_status
 from sync.ocirepr import decode_list, parse_carrier
 from sync.partial import (
     ALIGN,
@@ -1301,12 +1302,15 @@ async def pull(
     *,
     options: PullOptions | None = None,
     progress: P.Progress | None = None,
-    authorization: str | None = None,
-    http: httpx.AsyncClient | None = None,
+    credentials: Credentials | None = None,
+    session: PeerSession | None = None,
     lease: LiveLease | None = None,
 ) -> PullReport:
     """Pull each name, in order; the first failure is raised (earlier names stay pulled).
-    Pulls running at once in one process share one `lease` (its file is per process)."""
+
+    The peers are spoken to through `session` (a daemon's, with its credentials and read
+    timeout), or one made here with `credentials` and `options.read_timeout`. Pulls running
+    at once in one process share one `lease` (its file is per process)."""
     options = options or PullOptions()
     try:
         BlobStore(layout).ensure_dirs()
@@ -1314,7 +1318,9 @@ async def pull(
         raise _local_error(exc, layout, "anything") from None
     report = PullReport()
     async with contextlib.AsyncExitStack() as stack:
-        peers = await stack.enter_async_context(peer_clients(sources, options, authorization, http))
+        peers = await stack.enter_async_context(
+            peer_clients(sources, options, credentials, session)
+        )
         if lease is None:
             lease = await stack.enter_async_context(pull_lease(layout))
         puller = Puller(layout, peers, options, progress, lease)
@@ -1327,22 +1333,16 @@ async def pull(
 async def peer_clients(
     sources: Sequence[str],
     options: PullOptions,
-    authorization: str | None = None,
-    http: httpx.AsyncClient | None = None,
+    credentials: Credentials | None = None,
+    session: PeerSession | None = None,
 ) -> AsyncIterator[list[PeerClient]]:
-    """A `PeerClient` per source URL, sharing one HTTP client (made here unless given)."""
+    """A `PeerClient` per source URL, from `session` (or one made here)."""
     async with contextlib.AsyncExitStack() as stack:
-        if http is None:
-            http = await stack.enter_async_context(make_client())
-            http.timeout = httpx.Timeout(
-                connect=10.0, read=options.read_timeout, write=options.read_timeout, pool=None
+        if session is None:
+            session = await stack.enter_async_context(
+                peer_session(credentials, read_timeout=options.read_timeout)
             )
-            if authorization:
-                http.headers["Authorization"] = authorization
-        yield [
-            PeerClient(url, http, authorization=authorization, read_timeout=options.read_timeout)
-            for url in sources
-        ]
+        yield [session.peer(url) for url in sources]
 
 
 def run_pull(
@@ -1352,7 +1352,7 @@ def run_pull(
     *,
     options: PullOptions | None = None,
     progress: P.Progress | None = None,
-    authorization: str | None = None,
+    credentials: Credentials | None = None,
 ) -> PullReport:
     """`pull` under `trio.run`, for the CLI."""
 
@@ -1363,27 +1363,10 @@ def run_pull(
             sources,
             options=options,
             progress=progress,
-            authorization=authorization,
+            credentials=credentials,
         )
 
     return run_unwrapped(main)
-
-
-def read_credentials(path: str | os.PathLike[str] | None) -> str | None:
-    """The `Authorization` header value from a token file: `Bearer <token>`, or `Basic …`
-    for a `user:password` line (a registry with htpasswd auth, as `modelfs push` reads it)."""
-    if path is None:
-        return None
-    try:
-        text = Path(path).read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        why = getattr(exc, "strerror", None) or str(exc)
-        raise SyncError(f"--token-file {path}: {why}") from None
-    if not text or "\n" in text:
-        raise SyncError(f"--token-file {path}: expected one line (a token, or user:password)")
-    if ":" in text:
-        return "Basic " + base64.b64encode(text.encode()).decode()
-    return f"Bearer {text}"
 
 
 __all__ = [

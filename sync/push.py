@@ -55,6 +55,8 @@ from store.manifest import (
 )
 from store.names import Name, parse_name
 from store.scan import StoreIndex
+from sync.client import peer_session
+from sync.credentials import read_credentials
 from sync.errors import (
     PeerAuthError,
     PeerError,
@@ -62,7 +64,7 @@ from sync.errors import (
     PeerNotFoundError,
     SyncError,
 )
-from sync.http import make_client, mapped_errors, raise_for_status
+from sync.http import mapped_errors, raise_for_status
 from sync.ocirepr import MEDIA_CARRIER, encode_list
 from sync.protocol import DIGEST_HEADER
 from sync.registry_names import reference_for
@@ -682,27 +684,6 @@ def check_url(url: str) -> str:
     return url.rstrip("/")
 
 
-def read_token(path: str | Path | None) -> str | tuple[str, str] | None:
-    """A bearer token, or (user, password) from a `user:password` line (htpasswd registries)."""
-    if path is None:
-        return None
-    text = Path(path).read_text(encoding="utf-8").strip()
-    if not text or "\n" in text:
-        raise PushError(f"--token-file {path}: expected one line (a token, or user:password)")
-    if ":" in text:
-        user, _, password = text.partition(":")
-        return user, password
-    return text
-
-
-def client_for(credentials: str | tuple[str, str] | None) -> httpx.AsyncClient:
-    if isinstance(credentials, tuple):
-        client = make_client()
-        client.auth = httpx.BasicAuth(*credentials)
-        return client
-    return make_client(token=credentials)
-
-
 def _human_bytes(n: int) -> str:
     for scale, unit in ((10**12, "TB"), (10**9, "GB"), (10**6, "MB"), (10**3, "KB")):
         if n >= scale:
@@ -789,7 +770,7 @@ def run_push(
     err = err or sys.stderr
     base = check_url(url)
     plans = [plan_model(index, name) for name in names]
-    credentials = read_token(token_file)
+    credentials = read_credentials(token_file)
     terminal = TerminalProgress(err) if not json_lines and err.isatty() else None
     # httpx logs every request at INFO: worth seeing with -v, noise otherwise.
     verbose = log.isEnabledFor(logging.DEBUG)
@@ -810,9 +791,11 @@ def run_push(
             out.flush()
 
     async def main() -> list[PushResult]:
-        async with client_for(credentials) as client:
+        async with peer_session(credentials) as session:
             try:
-                return await push_all(plans, base, client, progress=progress, on_result=on_result)
+                return await push_all(
+                    plans, base, session.http, progress=progress, on_result=on_result
+                )
             finally:
                 if terminal is not None:
                     terminal.clear()

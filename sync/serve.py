@@ -36,6 +36,8 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
 
+from sync.credentials import read_credentials
+
 log = logging.getLogger(__name__)
 
 GRACE = 5.0  # seconds a request in flight may take to finish after shutdown begins
@@ -203,29 +205,6 @@ def default_listen(*, token: bool) -> str:
     return f"0.0.0.0:{DEFAULT_PORT}" if token else f"127.0.0.1:{DEFAULT_PORT}"
 
 
-def read_token_file(path: str | os.PathLike[str]) -> str:
-    """The bearer token in a file, surrounding whitespace stripped; ServeError if unusable."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_TOKEN_FILE + 1)
-    except OSError as exc:
-        raise ServeError(f"cannot read token file {os.fspath(path)}: {exc.strerror}") from None
-    if len(raw) > MAX_TOKEN_FILE:
-        raise ServeError(f"token file {os.fspath(path)} is larger than {MAX_TOKEN_FILE} bytes")
-    token = raw.decode("latin-1").strip()
-    if not token:
-        raise ServeError(f"token file {os.fspath(path)} is empty")
-    if any(not (0x21 <= ord(c) <= 0x7E) for c in token):
-        # An HTTP header could never carry it, so no client could ever match it.
-        raise ServeError(
-            f"token in {os.fspath(path)} has spaces or characters outside printable ASCII"
-        )
-    return token
-
-
-MAX_TOKEN_FILE = 1024
-
-
 def run_server(
     root: str | os.PathLike[str],
     *,
@@ -244,7 +223,8 @@ def run_server(
     from store.scan import DEFAULT_PREFER
     from sync.server import RegistryApp
 
-    token = read_token_file(token_file) if token_file is not None else None
+    credentials = read_credentials(token_file)
+    token = credentials.secret if credentials is not None else None
     if (tls_cert is None) != (tls_key is None):
         raise ServeError("--tls-cert and --tls-key go together")
     listen = listen or default_listen(token=token is not None)

@@ -33,6 +33,7 @@ from pathlib import Path
 import trio
 
 from store.digest import Digest, is_blob_name
+from store.gc import GcPolicy
 from store.layout import Layout
 from store.reach import reachable
 from store.scan import scan_store
@@ -45,7 +46,8 @@ from store.verify import (
     quarantine_blob,
     quarantined,
 )
-from store.verify_report import Corrupt, Owner, Repair, Report, survey
+from store.verify_report import Corrupt, Owner, Repair, Report, gc_keeps, survey
+from sync.credentials import Credentials
 from sync.errors import SyncError
 from sync.threads import in_thread, run_unwrapped
 
@@ -58,7 +60,7 @@ PROGRESS_EVERY = 10.0  # seconds between progress lines on a long run
 class VerifyOptions:
     quick: bool = False
     repair_from: Sequence[str] = ()
-    authorization: str | None = None
+    credentials: Credentials | None = None
     workers: int = field(default_factory=lambda: os.cpu_count() or 1)
     read_timeout: float | None = None  # for --repair-from peers; None: pull's default
 
@@ -215,6 +217,10 @@ async def verify(layout: Layout, options: VerifyOptions | None = None) -> Report
         for name, size in blobs
         if name not in corrupt and Digest(name.removeprefix("sha256-")) not in found.referenced
     ]
+    # The default grace: a daemon's or `modelfs gc --grace` may differ.
+    report.kept = await trio.to_thread.run_sync(
+        gc_keeps, layout, report.orphaned, time.time(), GcPolicy().grace
+    )
     report.stray = found.stray
     report.misnamed = found.misnamed
     report.bad_manifests = found.bad_manifests
@@ -252,7 +258,7 @@ async def _repair(
     )
     repaired: set[Digest] = set()
     async with (
-        peer_clients(options.repair_from, pull, options.authorization) as peers,
+        peer_clients(options.repair_from, pull, options.credentials) as peers,
         pull_lease(layout) as lease,  # what is in flight, for a GC on any host to leave alone
     ):
         puller = Puller(layout, peers, pull, lease=lease)

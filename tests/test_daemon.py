@@ -22,8 +22,10 @@ import pytest
 
 from store.digest import Digest
 from store.scan import scan_store
+from sync.pull import PullOptions
 from tests.builders import TinyStore
 from tests.test_pull_hosts import _env, fakepeer
+from tests.throttle import Throttle
 
 REPO = Path(__file__).resolve().parent.parent
 MODELFS = str(Path(sys.executable).with_name("modelfs"))
@@ -442,3 +444,59 @@ def test_a_model_published_on_one_daemon_reaches_the_others_through_a_chain(
         for name in ("first:1", "second:1"):
             ours = {s.name.shortest: s.digest for s in scan_store(c.root)}[name]
             assert ours == {s.name.shortest: s.digest for s in scan_store(a.root)}[name]
+
+
+def test_two_daemons_with_a_token_replicate_a_large_model_and_resume_after_kill_9(
+    tmp_path: Path,
+) -> None:
+    """The README's setup: two daemons, each the other's peer, one shared token_file. Every
+    request carries the token, on the large-blob path too (blobs from `small_max` on), and a
+    transfer cut by kill -9 of the source resumes from its partial once the source is back.
+    b reaches a through a throttling proxy, so the kill lands mid-transfer."""
+    large = PullOptions().small_max  # the smallest blob that takes the large path
+    token = tmp_path / "token"
+    token.write_text("c2VjcmV0LXRva2VuLWZvci10aGUtdGVzdA==\n")
+    a, b = TinyStore(tmp_path / "a"), TinyStore(tmp_path / "b")
+    big_model(a, "fresh:1", large, seed=1)
+    big_model(b, "back:1", large, seed=2)
+    port_a, port_b = free_port(), free_port()
+    common = {"interval": "1s", "replicate": ["*"], "token_file": str(token)}
+    keys_a = {"store": str(a.root), "listen": f"127.0.0.1:{port_a}", **common}
+    keys_a["peers"] = [f"http://127.0.0.1:{port_b}"]
+    with Throttle(("127.0.0.1", port_a), rate=64 * MiB) as proxy:
+        keys_b = {"store": str(b.root), "listen": f"127.0.0.1:{port_b}", **common}
+        keys_b["peers"] = [proxy.url]
+        with daemon(tmp_path, "b", **keys_b):
+            with daemon(tmp_path, "a", **keys_a) as da:
+                wait_until(lambda: complete(b.root, "fresh:1"), 60, "fresh:1 on b")
+                wait_until(lambda: complete(a.root, "back:1"), 60, "back:1 on a")
+                proxy.rate = 2 * MiB  # 4 s for the next model: time to kill a mid-way
+                start = proxy.relayed
+                raw = big_model(a, "big:1", large, seed=3)
+                blob = json.loads(raw)["layers"][0]["digest"].split(":")[1]
+                sidecar = b.layout.tmp / f"pull-sha256-{blob}.json"
+                wait_until(lambda: proxy.relayed - start > 2 * MiB, 60, "a part of big:1")
+                da.proc.kill()
+                da.proc.wait()
+
+            def done_bytes() -> int:
+                try:
+                    return sum(e - s for s, e in json.loads(sidecar.read_text())["done"])
+                except (OSError, ValueError, KeyError):
+                    return 0
+
+            # b keeps what it received (the sidecar says how much) for the resume.
+            wait_until(lambda: done_bytes() > MiB, 30, "b to keep the bytes it had")
+            before = done_bytes()
+            assert 0 < before < large
+            assert (b.layout.tmp / f"pull-sha256-{blob}.partial").exists()
+            assert not complete(b.root, "big:1")
+            proxy.rate = 64 * MiB
+            with daemon(tmp_path, "a", **keys_a):
+                wait_until(lambda: complete(b.root, "big:1"), 60, "big:1 after a's restart")
+    assert proxy.requests and all(r.authorized for r in proxy.requests), proxy.requests
+    gets = [r for r in proxy.requests if r.method == "GET" and r.path.endswith(blob)]
+    assert gets[0].range is not None and gets[0].range.startswith("bytes=0-")
+    resumed = gets[-1].range
+    assert resumed is not None and int(resumed.split("=")[1].split("-")[0]) >= before
+    assert not list(b.layout.tmp.glob("pull-*"))  # nothing left over once it is whole

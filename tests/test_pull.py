@@ -13,6 +13,7 @@ LARGE shrinks the thresholds so a 3 MiB blob goes in 256 KiB ranges over three c
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -32,6 +33,7 @@ from store.layout import Layout
 from store.manifest import MEDIA_LIST, MEDIA_MANIFEST, ManifestList, parse_manifest
 from store.names import parse_name
 from store.scan import scan_store
+from sync.credentials import Credentials, CredentialsError, read_credentials
 from sync.errors import (
     LocalWriteError,
     PeerAuthError,
@@ -450,7 +452,7 @@ async def test_token_is_sent_and_a_missing_one_is_a_clear_error(
             ["llama3.2:3b"],
             [peer.url],
             options=LARGE,
-            authorization="Bearer s3cret",
+            credentials=Credentials("s3cret"),
         )
     assert tree(tmp_path / "b") == tree(tiny.root)
 
@@ -473,6 +475,12 @@ async def test_cancelled_pull_resumes_from_the_sidecar(tmp_path: Path) -> None:
         done = json.loads((b.tmp / left[0]).read_bytes())["done"]
         assert done and done[0][0] == 0 and 0 < done[0][1] < 4 * MiB
         assert_no_manifest(b.root)
+        # A peer that refuses the resume (401, a token changed) leaves the partial alone.
+        peer.faults[:] = [Fault.parse(f"status=401@{big.hex[:12]}")]
+        with pytest.raises(PeerAuthError, match="401"):
+            await pull(b, ["llama3.2:3b"], [peer.url], options=opts)
+        assert sorted(os.listdir(b.tmp)) == left
+        assert json.loads((b.tmp / left[0]).read_bytes())["done"] == done
         peer.faults.clear()
         peer.requests.clear()
         await pull(b, ["llama3.2:3b"], [peer.url], options=opts)
@@ -647,3 +655,32 @@ async def test_children_the_peer_lacks_are_skipped(tmp_path: Path) -> None:
         await pull(c, [GEMMA], [peer_b.url], options=PullOptions(all_variants=True))
         await pull(d, [GEMMA], [peer_b.url], options=PullOptions(prefer=("mlx", "llamacpp")))
     assert tree(c.root) == tree(b.root) == tree(d.root)
+
+
+@pytest.mark.parametrize(
+    ("content", "expect"),
+    [
+        (b"  t0ken-abc\n", "Bearer t0ken-abc"),
+        (b"me:pa ss\n", "Basic " + base64.b64encode(b"me:pa ss").decode()),
+        (b"", "is empty"),
+        (b"one\ntwo\n", "expected one line"),
+        (b"two words", "printable ASCII"),
+        (b":nouser", "expected user:password"),
+        (b"\xff\xfe", "not UTF-8"),
+        (b"x" * 2000, "larger than 1024 bytes"),
+    ],
+)
+def test_one_reader_for_every_token_file(tmp_path: Path, content: bytes, expect: str) -> None:
+    """serve, pull, push, verify --repair-from, status and the daemon read token files here."""
+    path = tmp_path / "token"
+    path.write_bytes(content)
+    if expect.startswith(("Bearer ", "Basic ")):
+        credentials = read_credentials(path)
+        assert credentials.authorization == expect
+        assert credentials.secret not in repr(credentials)
+    else:
+        with pytest.raises(CredentialsError) as e:
+            read_credentials(path)
+        assert expect in str(e.value) and str(path) in str(e.value)
+    with pytest.raises(CredentialsError, match="cannot read token file"):
+        read_credentials(tmp_path / "missing")

@@ -338,3 +338,58 @@ def test_pull_starts_a_store_where_there_is_none(
     assert r.returncode == 0, r.stderr
     assert f"store: {home}/.ollama/models" in r.stderr
     assert tree(home / ".ollama" / "models") == tree(tiny.root)
+
+
+def test_a_pull_cut_short_by_a_dead_peer_leaves_no_broken_model(tmp_path: Path) -> None:
+    """`modelfs pull` of a manifest list whose main blob takes the large path, from a real
+    `modelfs serve` killed (-9) mid-transfer: `verify` and `ls` then find nothing wrong (no
+    child manifest without its blobs), and the child this host does not want (mlx, by the
+    default prefer) is never written, neither then nor once the pull completes."""
+    from sync.pull import PullOptions
+    from tests.test_daemon import free_port, wait_until
+    from tests.throttle import Throttle
+
+    demo = build_demo_store(tmp_path / "a", weight_bytes=2 * PullOptions().small_max)
+    b = tmp_path / "b"
+    unwanted = {d for runner, _, d in demo.lists[GEMMA].children if runner == "mlx"}
+    assert unwanted
+    port = free_port()
+    argv = [MODELFS, "serve", "--store", str(demo.root), "--listen", f"127.0.0.1:{port}"]
+
+    def serve() -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        assert proc.stdout is not None and "listening on" in proc.stdout.readline().decode()
+        return proc
+
+    def sound() -> None:
+        r = modelfs("verify", "--store", str(b))
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "ok: every blob matches its name" in r.stdout
+        r = modelfs("ls", "--store", str(b))
+        assert r.returncode == 0 and "problem" not in r.stderr, r.stderr
+        assert not any(Layout(b).blob(d).exists() for d in unwanted)
+
+    peer = serve()
+    try:
+        with Throttle(("127.0.0.1", port), rate=4 * MiB) as proxy:
+            pulling = subprocess.Popen(
+                [MODELFS, "pull", GEMMA, "--from", proxy.url, "--store", str(b)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                env=_env(),
+            )
+            wait_until(lambda: proxy.relayed > 4 * MiB, 60, "the pull to be under way")
+            peer.kill()
+            peer.wait()
+            _, err = pulling.communicate(timeout=120)
+            assert pulling.returncode == 1, err
+        sound()
+        assert GEMMA not in {e.name.shortest for e in scan_store(b)}
+        peer = serve()
+        r = modelfs("pull", GEMMA, "--from", f"http://127.0.0.1:{port}", "--store", str(b))
+        assert r.returncode == 0, r.stderr
+        sound()
+        assert GEMMA in {e.name.shortest for e in scan_store(b)}
+    finally:
+        peer.kill()
+        peer.wait()

@@ -4,14 +4,16 @@ with our own client."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import math
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -547,7 +549,12 @@ def test_registry_answering_another_digest_cli(
 ) -> None:
     import sync.push
 
-    monkeypatch.setattr(sync.push, "client_for", lambda _: lying_client("manifests"))
+    @contextlib.asynccontextmanager
+    async def lying_session(_credentials: object) -> AsyncIterator[SimpleNamespace]:
+        async with lying_client("manifests") as http:
+            yield SimpleNamespace(http=http)
+
+    monkeypatch.setattr(sync.push, "peer_session", lying_session)
     assert push_cli(demo.root, registry.url, TINY) == 1
     [line] = error_lines(capsys.readouterr().err)
     assert "answered Docker-Content-Digest sha256:000" in line

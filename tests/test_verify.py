@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,9 @@ import httpx
 import pytest
 
 from store.digest import Digest
+from store.history import TagHistory
 from store.layout import Layout
+from store.leases import LeaseKeeper
 from store.names import parse_name
 from store.scan import scan_store
 from store.verify import FileKey, VerifyCache, check_blob, quarantine_blob
@@ -121,7 +124,7 @@ def test_clean_store_passes(tmp_path: Path) -> None:
     assert report["checked"]["bytes"] == sum(p.stat().st_size for p in m.layout.blobs.iterdir())
     for key in ("corrupt", "unreadable", "missing", "misnamed", "bad_manifests", "quarantine"):
         assert report[key] == [], key
-    assert report["orphaned"] == {"bytes": 0, "blobs": []}
+    assert report["orphaned"] == {"bytes": 0, "reclaimable_bytes": 0, "blobs": []}
     rc, text = verify_text(m.root, "--quick")
     assert rc == 0
     assert text.strip().endswith("ok: every blob matches its name and every manifest is whole")
@@ -238,16 +241,67 @@ def test_orphans_are_reported_with_bytes_and_do_not_fail(tmp_path: Path) -> None
     b = m.tiny.blob(weights(5_000, seed=2))
     rc, report, _ = verify(m.root)
     assert rc == 0
+    young = "younger than GC's grace (1h)"  # just written
     assert report["orphaned"] == {
         "bytes": 305_000,
+        "reclaimable_bytes": 0,
         "blobs": [
-            {"blob": f"blobs/{a.blob_name}", "size": 300_000},
-            {"blob": f"blobs/{b.blob_name}", "size": 5_000},
+            {"blob": f"blobs/{a.blob_name}", "size": 300_000, "kept": young},
+            {"blob": f"blobs/{b.blob_name}", "size": 5_000, "kept": young},
         ],
     }
     rc, text = verify_text(m.root)
     assert rc == 0
     assert "ORPHANED    2 blob(s), 305 KB" in text
+
+
+def blobs_of(root: Path, name: str) -> set[str]:
+    variant = scan_store(root).lookup(name).preferred()
+    assert variant is not None
+    return {d.blob_name for d in variant.manifest.blob_digests()}
+
+
+def test_orphans_gc_keeps_are_told_apart_from_those_it_reclaims(tmp_path: Path) -> None:
+    """A replaced version is kept by tag history, a pull's blob by its lease, a new blob by
+    the grace; only the rest is GC's to reclaim, and verify says which is which."""
+    m = Model(tmp_path / "models")
+    old = time.time() - 2 * 3600
+    history = TagHistory(m.layout)
+    m.tiny.gguf_model("m:1", b"version one weights")
+    history.observe(scan_store(m.root), old)
+    replaced = blobs_of(m.root, "m:1")
+    m.tiny.gguf_model("m:1", b"version two weights")  # the tag moved, as `ollama pull` does
+    history.observe(scan_store(m.root), time.time())
+    replaced -= blobs_of(m.root, "m:1")  # the template and license stay in use
+    leased = m.tiny.blob(b"a pull in flight holds this")
+    keeper = LeaseKeeper(m.layout, "pull")
+    keeper.hold([leased])
+    keeper.write()
+    gone = m.tiny.blob(b"nobody wants this")
+    young = m.tiny.blob(b"just written")
+    for name in [*replaced, leased.blob_name, gone.blob_name]:
+        os.utime(m.layout.blobs / name, (old, old))
+    rc, report, _ = verify(m.root)
+    assert rc == 0
+    kept = {b["blob"].removeprefix("blobs/"): b["kept"] for b in report["orphaned"]["blobs"]}
+    assert replaced and replaced <= set(kept)
+    for name in replaced:
+        assert kept[name] == "tag history keeps it for 7d (a version a tag moved away from)"
+    host = keeper.host
+    assert kept[leased.blob_name] == f"held by a live pull lease of {host}"
+    assert kept[young.blob_name] == "younger than GC's grace (1h)"
+    assert kept[gone.blob_name] is None
+    assert report["orphaned"]["reclaimable_bytes"] == len(b"nobody wants this")
+    rc, text = verify_text(m.root)
+    assert rc == 0
+    n = len(kept)
+    assert (
+        f"ORPHANED    {n} blob(s)" in text
+        and f"`modelfs gc` reclaims 1 (17 B), keeps {n - 1}" in text
+    )
+    assert "ORPHANED (gc reclaims them)" not in text
+    assert f"blobs/{gone.blob_name}  17 B\n" in text + "\n"
+    assert "kept: tag history keeps it for 7d" in text
 
 
 def test_stray_partial_is_reported_with_bytes(tmp_path: Path) -> None:
@@ -501,7 +555,7 @@ def test_json_shape(tmp_path: Path) -> None:
         "seconds",
     }
     assert report["store"] == str(m.root)
-    assert set(report["orphaned"]) == {"bytes", "blobs"}
+    assert set(report["orphaned"]) == {"bytes", "reclaimable_bytes", "blobs"}
     assert set(report["stray"]) == {"bytes", "files"}
 
 
@@ -532,7 +586,7 @@ def test_blobs_of_a_legacy_file_hidden_by_v2_are_not_orphans(tmp_path: Path) -> 
     assert scan_store(m.root).lookup("hidden:1").source == "v2"
     rc, report, _ = verify(m.root)
     assert rc == 0
-    assert report["orphaned"] == {"bytes": 0, "blobs": []}
+    assert report["orphaned"] == {"bytes": 0, "reclaimable_bytes": 0, "blobs": []}
 
 
 def test_demo_store_is_whole(tmp_path: Path) -> None:
