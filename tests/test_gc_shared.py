@@ -18,18 +18,29 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from modelfs.demo import GEMMA, build_demo_store
 from store.blobs import BlobStore
 from store.digest import Digest, is_blob_name
+from store.gc import GRACE_FLOOR, FileItem, GcPolicy, move_to_trash, plan_gc
 from store.layout import Layout
+from store.leases import LeaseKeeper
 from store.names import parse_name
+from sync import gc as gc_runner
+from sync.config import ConfigError, load_config
 from sync.progress import NullProgress
 from sync.pull import PullOptions, pull
+from tests.builders import LAYER, TinyStore
 from tests.fakepeer import FakePeer
+
+MODELFS = str(Path(sys.executable).with_name("modelfs"))
 
 OPTS = PullOptions(read_timeout=5.0)
 
@@ -100,3 +111,166 @@ async def test_a_re_pull_whose_present_blobs_are_collected_under_it_fetches_them
         assert layout.blob(d).is_file(), d
     assert json.loads(layout.legacy_manifest(name).read_bytes())["layers"]
     shutil.rmtree(layout.trash)
+
+
+# -- the trash puts back whatever is wanted, first thing in a run -------------------------------
+def gc_cli(root: Path, *args: str, host: str = "host-b") -> tuple[int, Any, str]:
+    r = subprocess.run(
+        [MODELFS, "gc", "--store", str(root), "--json", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "MODELFS_HOST_ID": host},
+    )
+    return r.returncode, json.loads(r.stdout) if r.stdout.strip() else None, r.stderr
+
+
+def listed_model(store: TinyStore) -> tuple[Digest, Digest, list[Digest]]:
+    """A manifest list behind a v2 link: (list digest, child digest, the child's blobs)."""
+    child = store.manifest([store.layer("model", b"child weights"), store.layer("license", b"L")])
+    lst = store.manifest_list([(child, "llamacpp", "gguf")])
+    store.v2("shared:1", lst)
+    obj = json.loads(child)
+    blobs = [Digest.parse(x["digest"]) for x in (obj["config"], *obj["layers"])]
+    return Digest.of_bytes(lst), Digest.of_bytes(child), blobs
+
+
+def to_trash(store: TinyStore, digests: list[Digest]) -> None:
+    """As a GC whose cached listing hid the manifest left them: in the trash, aged."""
+    trash = store.layout.trash / "20260101T000000Z-stale"
+    trash.mkdir(parents=True, exist_ok=True)
+    for d in digests:
+        os.rename(store.layout.blob(d), trash / d.blob_name)
+
+
+@pytest.mark.parametrize("which", ["link-target", "list-child"])
+def test_a_link_or_list_pointing_into_the_trash_is_a_restore_not_a_refusal(
+    tmp_path: Path, which: str
+) -> None:
+    store = TinyStore(tmp_path / "s")
+    lst, child, blobs = listed_model(store)
+    gone = [lst, child, *blobs] if which == "link-target" else [child, *blobs]
+    to_trash(store, gone)
+    # Default grace and retention: nothing about the run is unusual but the trash.
+    rc, report, err = gc_cli(store.root)
+    assert rc == 0, err
+    assert sorted(i["digest"] for i in report["restored"]) == sorted(map(str, gone))
+    for d in (lst, child, *blobs):
+        assert store.layout.blob(d).is_file(), d
+    verify = subprocess.run(
+        [MODELFS, "verify", "--store", str(store.root)], capture_output=True, text=True
+    )
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+def test_a_lease_naming_a_trashed_blob_brings_it_back(tmp_path: Path) -> None:
+    store = TinyStore(tmp_path / "s")
+    d = store.blob(b"a blob a mount on another host holds open")
+    to_trash(store, [d])
+    keeper = LeaseKeeper(store.layout, "mount", host="host-a")
+    keeper.hold([d])
+    keeper.write()
+    rc, report, err = gc_cli(store.root)
+    assert rc == 0, err
+    assert [i["digest"] for i in report["restored"]] == [str(d)]
+    assert store.layout.blob(d).is_file()
+
+
+def test_put_backs_come_first_even_when_the_run_is_refused(tmp_path: Path) -> None:
+    store = TinyStore(tmp_path / "s")
+    raw = store.gguf_model("wanted:1", b"weights")
+    layers = [Digest.parse(x["digest"]) for x in json.loads(raw)["layers"]]
+    to_trash(store, layers)
+    bad = store.layout.legacy_manifest(parse_name("half-written:1"))
+    bad.parent.mkdir(parents=True)
+    bad.write_bytes(b"")  # another host is writing it: nothing may be deleted
+    rc, report, _ = gc_cli(store.root)
+    assert rc == 1 and report["refused"]
+    assert sorted(i["digest"] for i in report["restored"]) == sorted(map(str, layers))
+    assert all(store.layout.blob(d).is_file() for d in layers)
+
+
+# -- a fresh look before each move, and a grace floor ---------------------------------------------
+def test_a_grace_below_the_floor_needs_the_flag_that_names_the_risk(tmp_path: Path) -> None:
+    store = TinyStore(tmp_path / "s")
+    junk = store.blob(b"an orphan")
+    old = time.time() - 7200
+    os.utime(store.layout.blob(junk), (old, old))
+    rc, report, err = gc_cli(store.root, "--grace", "2s")
+    assert rc == 1 and report is None and "Traceback" not in err
+    (line,) = err.strip().splitlines()
+    assert line.startswith("modelfs: error: a grace of 2s is below the 10m floor")
+    assert "--grace-below-floor accepts that risk" in line
+    assert not (store.layout.state / "gc").exists()  # nothing looked at, nothing recorded
+    for _ in range(2):
+        rc, report, err = gc_cli(store.root, "--grace", "0", "--grace-below-floor")
+        assert rc == 0, err
+    assert not store.layout.blob(junk).exists()
+    assert gc_cli(store.root, "--grace", f"{GRACE_FLOOR:.0f}s")[0] == 0  # the floor itself is fine
+    with pytest.raises(ValueError, match="below the 10m floor"):
+        GcPolicy(grace=1.0)
+    helptext = subprocess.run([MODELFS, "gc", "--help"], capture_output=True, text=True).stdout
+    assert "--grace-below-floor" in helptext and "client caches" in helptext
+
+
+def test_a_config_grace_below_the_floor_needs_its_key(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text('[gc]\ngrace = "30s"\n')
+    with pytest.raises(ConfigError, match=r"gc\.grace: a grace of 30s is below the 10m floor"):
+        load_config(path)
+    path.write_text('[gc]\ngrace = "30s"\ngrace_below_floor = true\n')
+    assert load_config(path).gc.policy().grace == 30.0
+
+
+def test_a_candidate_whose_ctime_changed_since_the_plan_stays(tmp_path: Path) -> None:
+    """A hard link made and removed (as a v2 link's fallback writer does) or a touch that keeps
+    the mtime: the size and mtime the plan saw are the same, the inode's ctime is not."""
+    store = TinyStore(tmp_path / "s")
+    junk = store.blob(b"looks unchanged")
+    path = store.layout.blob(junk)
+    old = time.time() - 7200
+    os.utime(path, (old, old))
+    policy = GcPolicy(grace=0, below_floor=True)
+    plan = plan_gc(store.layout, policy)
+    (item,) = plan.pending
+    time.sleep(0.02)  # a ctime the clock can tell apart
+    os.link(path, tmp_path / "elsewhere")
+    os.unlink(tmp_path / "elsewhere")
+    assert os.stat(path).st_mtime == item.mtime
+    assert not move_to_trash(store.layout, item, store.layout.trash / "t", 0.0)
+    assert path.is_file()
+
+
+async def test_a_manifest_written_while_gc_moves_keeps_the_blobs_of_later_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each batch of moves starts from a fresh look: a manifest another host writes while the
+    first batch moves keeps its blobs in blobs/ (not moved and then put back)."""
+    store = TinyStore(tmp_path / "s")
+    orphans = [store.blob(b"orphan %d" % i) for i in range(gc_runner.BATCH + 5)]
+    old = time.time() - 7200
+    for d in orphans:
+        os.utime(store.layout.blob(d), (old, old))
+    policy = GcPolicy(grace=0, below_floor=True)
+    await gc_runner.run_gc(store.layout, policy)  # first sighting
+    late = orphans[-3:]
+    moved: list[Digest] = []
+    real = gc_runner.move_to_trash
+
+    def move_then_write(layout: Layout, item: FileItem, *args: Any) -> bool:
+        if not moved:  # another host re-pulls a model made of three of them
+            layers = [{"mediaType": LAYER + "model", "digest": str(d), "size": 8} for d in late]
+            store.legacy("again:1", store.manifest(layers))
+        ok = real(layout, item, *args)
+        if ok:
+            assert item.digest is not None
+            moved.append(item.digest)
+        return ok
+
+    monkeypatch.setattr(gc_runner, "move_to_trash", move_then_write)
+    monkeypatch.setattr(gc_runner, "LOOK_EVERY", 0.0)
+    report = await gc_runner.run_gc(store.layout, policy)
+    late_set = set(late)
+    first_batch = {i.digest for i in report.plan.trash[: gc_runner.BATCH]} if report.plan else set()
+    assert not (late_set - first_batch) & set(moved)
+    assert all(store.layout.blob(d).is_file() for d in late)
