@@ -15,12 +15,15 @@ lease another host wrote a moment ago. What keeps every wanted blob anyway, each
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +42,8 @@ from sync.progress import NullProgress
 from sync.pull import PullOptions, pull
 from tests.builders import LAYER, TinyStore
 from tests.fakepeer import FakePeer
+from tests.mounting import fuse
+from tests.test_pull_hosts import _env, modelfs_serve
 
 MODELFS = str(Path(sys.executable).with_name("modelfs"))
 
@@ -274,3 +279,94 @@ async def test_a_manifest_written_while_gc_moves_keeps_the_blobs_of_later_batche
     first_batch = {i.digest for i in report.plan.trash[: gc_runner.BATCH]} if report.plan else set()
     assert not (late_set - first_batch) & set(moved)
     assert all(store.layout.blob(d).is_file() for d in late)
+
+
+# -- two hosts, one of them behind a client cache ------------------------------------------------
+@contextlib.contextmanager
+def hiding_mount(source: Path, mnt: Path, hide: float) -> Iterator[Path]:
+    """`source` as a host with a network filesystem's client caches sees it (tests/hidingfs)."""
+    mnt.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.hidingfs", str(source), str(mnt), "--hide", str(hide)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().decode()
+        assert line.strip() == "ready", line + proc.stdout.read().decode()
+        yield mnt
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            subprocess.run(["fusermount3", "-u", "-z", str(mnt)], check=False)
+            proc.kill()
+            proc.wait()
+
+
+def pull_as(host: str, store: Path, url: str, name: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [MODELFS, "pull", name, "--from", url, "--store", str(store)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**_env(), "MODELFS_HOST_ID": host},
+    )
+
+
+def rm_tag(store: Path, name: str) -> None:
+    """As `ollama rm` does: the tag's manifest files go, the blobs stay."""
+    layout, n = Layout(store), parse_name(name)
+    for path in (layout.v2_manifest(n), layout.legacy_manifest(n)):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def origin_store(root: Path) -> TinyStore:
+    origin = TinyStore(root)
+    shared_license = b"one license for all"
+    for i in range(3):
+        origin.legacy(
+            f"m{i}:1",
+            origin.manifest(
+                [
+                    origin.layer("model", os.urandom(64 << 10)),
+                    origin.layer("license", shared_license),
+                ]
+            ),
+        )
+    child = origin.manifest([origin.layer("model", os.urandom(32 << 10))])
+    origin.v2("listed:1", origin.manifest_list([(child, "llamacpp", "gguf")]))
+    return origin
+
+
+@fuse
+def test_a_re_pulled_model_hidden_by_a_client_cache_keeps_its_blobs(tmp_path: Path) -> None:
+    """The soak's loss, replayed step by step: host B's cached view still hides the manifest
+    host A re-pulled and still shows the blobs' old mtimes; the pull's fresh mtimes, seen by
+    GC's open just before the move, keep them (the old code took them: 3 blobs lost)."""
+    origin = origin_store(tmp_path / "origin")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    with modelfs_serve(origin.root) as url, hiding_mount(shared, tmp_path / "b", 30) as b:
+        assert pull_as("host-a", shared, url, "m0:1").returncode == 0
+        old = time.time() - 7200
+        for name in os.listdir(shared / "blobs"):
+            os.utime(shared / "blobs" / name, (old, old))
+        rm_tag(shared, "m0:1")
+        args = ("--grace", "2s", "--grace-below-floor", "--trash-retention", "1h")
+        rc, first, err = gc_cli(b, *args)
+        assert rc == 0 and len(first["pending"]) == 3, err  # B saw the rm at once
+        assert pull_as("host-a", shared, url, "m0:1").returncode == 0  # all present: 0 B
+        time.sleep(2.1)  # the grace between the two sightings
+        rc, second, err = gc_cli(b, *args)
+        assert rc == 0, err
+        assert second["manifests"] == 0, "the cache did not hide the manifest: tested nothing"
+        assert not second["trashed"], second["trashed"]
+        assert len(second["changed"]) == 3
+        raw = Layout(shared).legacy_manifest(parse_name("m0:1")).read_bytes()
+        for x in (json.loads(raw)["config"], *json.loads(raw)["layers"]):
+            assert Layout(shared).blob(Digest.parse(x["digest"])).is_file()
