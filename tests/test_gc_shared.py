@@ -18,10 +18,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,9 +34,11 @@ import pytest
 from modelfs.demo import GEMMA, build_demo_store
 from store.blobs import BlobStore
 from store.digest import Digest, is_blob_name
+from store.errors import StoreError
 from store.gc import GRACE_FLOOR, FileItem, GcPolicy, move_to_trash, plan_gc
 from store.layout import Layout
 from store.leases import LeaseKeeper
+from store.manifest import ManifestList, parse_manifest
 from store.names import parse_name
 from sync import gc as gc_runner
 from sync.config import ConfigError, load_config
@@ -370,3 +374,130 @@ def test_a_re_pulled_model_hidden_by_a_client_cache_keeps_its_blobs(tmp_path: Pa
         raw = Layout(shared).legacy_manifest(parse_name("m0:1")).read_bytes()
         for x in (json.loads(raw)["config"], *json.loads(raw)["layers"]):
             assert Layout(shared).blob(Digest.parse(x["digest"])).is_file()
+
+
+def named_but_absent(store: Path) -> set[Digest]:
+    """Blobs that a manifest present in `store` names (in any form) and `blobs/` lacks; a
+    manifest that changed or went while we looked does not count."""
+    layout = Layout(store)
+    absent: set[Digest] = set()
+    for top in (layout.manifests, layout.manifests_v2):
+        for dirpath, _, files in os.walk(top):
+            for f in files:
+                path = Path(dirpath, f)
+                try:
+                    target = os.readlink(path) if path.is_symlink() else None
+                    raw = None if target else path.read_bytes()
+                except OSError:
+                    continue
+                wanted: list[Digest] = []
+                if target is not None:
+                    wanted.append(Digest(os.path.basename(target).removeprefix("sha256-")))
+                    with contextlib.suppress(OSError):
+                        raw = path.read_bytes()
+                if raw is not None:
+                    with contextlib.suppress(StoreError):
+                        parsed = parse_manifest(raw, str(path))
+                        if isinstance(parsed, ManifestList):
+                            for child in parsed.children:
+                                wanted.append(child.digest)
+                                with contextlib.suppress(OSError, StoreError):
+                                    blob = layout.blob(child.digest).read_bytes()
+                                    wanted += parse_manifest(blob, "child").blob_digests()
+                        else:
+                            wanted += parsed.blob_digests()
+                missing = {d for d in wanted if not layout.blob(d).is_file()}
+                try:  # still the same manifest?
+                    same = (os.readlink(path) == target) if target else path.read_bytes() == raw
+                except OSError:
+                    same = False
+                if same:
+                    absent |= missing
+    return absent
+
+
+@fuse
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_soak_pulls_and_gc_on_two_hosts_over_a_caching_client(tmp_path: Path) -> None:
+    """Host A (MODELFS_HOST_ID=host-a, the directory itself) loops: remove a tag as `ollama
+    rm` does, and pull removed ones again from a `modelfs serve` peer on loopback. Host B
+    (host-b, through tests/hidingfs with a 3 s cache, like an sshfs client's 20 s) loops
+    `modelfs gc` with a 5 s grace and a 3 s trash retention, below the floor on purpose. An
+    observer on the directory looks every 0.2 s for blobs that a present manifest names.
+    Zero pulls may fail, and no such blob may be gone for longer than one GC run."""
+    seconds = float(os.environ.get("MODELFS_SOAK_SECONDS", "60"))
+    hide = 3.0
+    origin = origin_store(tmp_path / "origin")
+    names = ["m0:1", "m1:1", "m2:1", "listed:1"]
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    gc_runs: list[tuple[float, float, int, Any, str]] = []
+    episodes: list[tuple[Digest, float]] = []  # a named blob absent, for how long
+    stop = threading.Event()
+
+    def host_b(b: Path) -> None:
+        while not stop.is_set():
+            t0 = time.monotonic()
+            rc, report, err = gc_cli(
+                b, "--grace", "5s", "--grace-below-floor", "--trash-retention", "3s"
+            )
+            gc_runs.append((t0, time.monotonic(), rc, report, err))
+            stop.wait(0.2)
+
+    def observer() -> None:
+        since: dict[Digest, float] = {}
+        while True:
+            now = time.monotonic()
+            absent = named_but_absent(shared)
+            for d in list(since):
+                if d not in absent:
+                    episodes.append((d, now - since.pop(d)))
+            for d in absent:
+                since.setdefault(d, now)
+            if stop.is_set():
+                episodes.extend((d, now - t) for d, t in since.items())
+                return
+            stop.wait(0.2)
+
+    pulls: list[subprocess.CompletedProcess[str]] = []
+    rng = random.Random(20)
+    with modelfs_serve(origin.root) as url, hiding_mount(shared, tmp_path / "b", hide) as b:
+        for n in names:
+            r = pull_as("host-a", shared, url, n)
+            assert r.returncode == 0, r.stderr
+        threads = [threading.Thread(target=host_b, args=(b,)), threading.Thread(target=observer)]
+        for t in threads:
+            t.start()
+        try:
+            deadline = time.monotonic() + seconds
+            removed: list[str] = []
+            while time.monotonic() < deadline:
+                # Up to 3 tags removed at a time, each for a few seconds to a few times the
+                # grace: long enough for B to collect some, and re-pulled at any moment of it.
+                if len(removed) < 3 and rng.random() < 0.5:
+                    name = rng.choice([n for n in names if n not in removed])
+                    rm_tag(shared, name)
+                    removed.append(name)
+                elif removed:
+                    name = removed.pop(rng.randrange(len(removed)))
+                    pulls.append(pull_as("host-a", shared, url, name))
+                time.sleep(rng.uniform(0, 2))
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(timeout=120)
+    failed = [r.stderr for r in pulls if r.returncode != 0]
+    assert not failed, failed
+    assert all(rc == 0 for _, _, rc, _, _ in gc_runs), [e for *_, rc, _, e in gc_runs if rc]
+    longest_run = max(end - start for start, end, *_ in gc_runs)
+    assert all(gone <= longest_run for _, gone in episodes), (episodes, longest_run)
+    trashed = sum(len(rep["trashed"]) for *_, rep, _ in gc_runs)
+    assert len(gc_runs) >= 5 and trashed > 0, "the GC host never collected: tested nothing"
+    print(
+        f"soak {seconds:.0f} s: {len(pulls)} pulls, {len(gc_runs)} gc runs (longest "
+        f"{longest_run:.1f} s), {trashed} blobs trashed, "
+        f"{sum(len(rep['restored']) for *_, rep, _ in gc_runs)} restored, "
+        f"{sum(len(rep['changed']) for *_, rep, _ in gc_runs)} kept as changed, "
+        f"{len(episodes)} named-blob absences"
+    )
