@@ -80,7 +80,11 @@ class _Reader:
 
     def manifest_file(self, path: Path, rel: str) -> None:
         trashed = None
-        if stat.S_ISLNK(os.lstat(path).st_mode):
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            return  # removed since it was listed (another host's `ollama rm`): names nothing
+        if stat.S_ISLNK(mode):
             # The link's target is kept whatever it holds: it is what the tag names.
             target = os.path.basename(os.readlink(path))
             if is_blob_name(target):

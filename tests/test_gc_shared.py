@@ -501,3 +501,26 @@ def test_soak_pulls_and_gc_on_two_hosts_over_a_caching_client(tmp_path: Path) ->
         f"{sum(len(rep['changed']) for *_, rep, _ in gc_runs)} kept as changed, "
         f"{len(episodes)} named-blob absences"
     )
+
+
+def test_a_manifest_removed_between_listing_and_reading_is_a_removed_tag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another host's `ollama rm` lands between GC's listing and its read: the manifest names
+    nothing any more, so GC goes on (it used to refuse the whole run)."""
+    from store import reach
+
+    store = TinyStore(tmp_path / "s")
+    store.gguf_model("kept:1", b"kept")
+    store.gguf_model("removed:1", b"removed")
+    real = reach.walk_manifest_tree
+
+    def walk_then_rm(root: Path) -> Iterator[Any]:
+        for parts, de, problem in real(root):
+            if de is not None and "removed" in parts:
+                os.unlink(de.path)
+            yield parts, de, problem
+
+    monkeypatch.setattr(reach, "walk_manifest_tree", walk_then_rm)
+    result = reach.reachable(store.layout)
+    assert not result.unreadable and result.manifests == 1
