@@ -371,6 +371,8 @@ def fresh_stat(path: Path) -> os.stat_result | None:
     cached attributes when it is opened (close-to-open consistency), a plain stat may not."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except PermissionError:
+        return _stat(path)  # another user's unreadable blob: the plain look is all we have
     except OSError:
         return None
     try:

@@ -524,3 +524,27 @@ def test_a_manifest_removed_between_listing_and_reading_is_a_removed_tag(
     monkeypatch.setattr(reach, "walk_manifest_tree", walk_then_rm)
     result = reach.reachable(store.layout)
     assert not result.unreadable and result.manifests == 1
+
+
+def test_a_blob_gc_may_not_open_is_judged_by_a_plain_look(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another user's blob that GC's user cannot read still goes when unchanged: the open
+    before the move is for fresh attributes, not a condition of moving."""
+    from store import gc as store_gc
+
+    store = TinyStore(tmp_path / "s")
+    junk = store.blob(b"someone else's, mode 0600")
+    old = time.time() - 7200
+    os.utime(store.layout.blob(junk), (old, old))
+    (item,) = plan_gc(store.layout, GcPolicy(grace=0, below_floor=True)).pending
+    real_open = os.open
+
+    def no_read(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if str(path) == str(item.path):
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(store_gc.os, "open", no_read)
+    assert move_to_trash(store.layout, item, store.layout.trash / "t", 0.0)
+    assert not store.layout.blob(junk).exists()
