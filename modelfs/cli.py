@@ -204,15 +204,19 @@ def _duration(text: str) -> float:
 def cmd_gc(args: argparse.Namespace) -> int:
     from modelfs.gcreport import render_gc
     from store.errors import LockBusyError
-    from store.gc import GcPolicy
+    from store.gc import GcPolicy, grace_problem
     from sync.gc import run_gc
     from sync.threads import run_unwrapped
 
+    problem = grace_problem(args.grace, args.grace_below_floor, "--grace-below-floor")
+    if problem is not None:
+        raise UserError(problem)
     root = find_store_root(args.store)
     policy = GcPolicy(
         grace=args.grace,
         partial_grace=args.partial_grace,
         trash_retention=args.trash_retention,
+        below_floor=args.grace_below_floor,
     )
     try:
         report = run_unwrapped(lambda: run_gc(Layout(root), policy, dry_run=args.dry_run))
@@ -534,8 +538,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="delete blobs no manifest or lease needs, safely on a shared store",
         description="Delete blobs that no manifest (in any form) and no live lease of any host "
         "needs. A blob goes only after two runs at least the grace apart found it unneeded, "
-        "and first into .modelfs/trash/, emptied after the trash retention. Nothing is deleted "
-        "while any manifest or lease cannot be read. One GC at a time across hosts: when "
+        "and first into .modelfs/trash/, emptied after the trash retention; a trashed blob "
+        "that a manifest, link, list or lease names again is put back first thing in a run. "
+        "Nothing is deleted while any manifest or lease cannot be read. On a shared store the "
+        "filesystem must give close-to-open consistency (NFS does), and the grace must outlast "
+        "every client's directory and attribute cache. One GC at a time across hosts: when "
         f"another holds the lock, it says so and exits {GC_BUSY} (EX_TEMPFAIL).",
     )
     p.add_argument("--dry-run", action="store_true", help="say what would go; change nothing")
@@ -544,7 +551,16 @@ def build_parser() -> argparse.ArgumentParser:
         type=_seconds,
         default=3600.0,
         metavar="D",
-        help="keep blobs younger than D, and wait D between the two sightings (default 1h)",
+        help="keep blobs younger than D, and wait D between the two sightings (default 1h; "
+        "at least 10m, which outlasts network filesystems' client caches)",
+    )
+    p.add_argument(
+        "--grace-below-floor",
+        action="store_true",
+        help="allow a --grace under 10m. The risk: on a store shared over NFS or sshfs, a host "
+        "whose client cache still hides a manifest another host just wrote may move that "
+        "model's blobs to the trash. Only where every host sees the store uncached (one host, "
+        "or sshfs -o cache=no)",
     )
     p.add_argument(
         "--partial-grace",

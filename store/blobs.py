@@ -127,9 +127,13 @@ class BlobStore:
 
     def put_bytes(self, data: bytes) -> Digest:
         digest = Digest.of_bytes(data)
-        if self.has(digest, len(data)) and self.layout.blob(digest).read_bytes() == data:
-            os.utime(self.layout.blob(digest))  # a fresh mtime, as a new write would give it
-            return digest
+        blob = self.layout.blob(digest)
+        # A blob found here may leave (another host's GC moves it to the trash) before it is
+        # touched: then it is written anew, never an error.
+        with contextlib.suppress(FileNotFoundError):
+            if self.has(digest, len(data)) and blob.read_bytes() == data:
+                os.utime(blob)  # a fresh mtime, as a new write would give it
+                return digest
         with self.temp_file() as (f, temp):
             f.write(data)
             f.flush()

@@ -3,19 +3,25 @@
 The invariants of DESIGN §5, and where each is kept:
 
 1. reachable blobs are never candidates: `store.reach` reads every manifest in every form;
-2. an unreadable manifest or lease makes the plan `refused`, and a refused plan has no steps;
+2. an unreadable manifest or lease makes the plan `refused`: a refused plan deletes and moves
+   nothing (it only puts back what is known to be wanted);
 3. a blob in a live lease is kept (`store.leases`, each lease by its own TTL);
 4. nothing younger than `grace` (by mtime) is a candidate; temp and partial files, ours and
-   Ollama's, go only when older than `partial_grace`;
+   Ollama's, go only when older than `partial_grace`; `grace` is at least GRACE_FLOOR unless
+   the policy says otherwise out loud (`below_floor`);
 5. one GC at a time: the runner (sync.gc) holds `.modelfs/gc.lock`, a store.lockfile.LockFile;
 6. a blob goes only when two passes at least `grace` apart found it unreferenced (the first
    sighting is kept in `.modelfs/gc/state.json`), and then into `.modelfs/trash/<stamp>/`;
    the trash is emptied after `trash_retention`, and a trashed blob that is wanted again
-   (a manifest or lease names it, and `blobs/` lacks it) is put back;
+   (a manifest, v2 link, list child or lease names it, and `blobs/` lacks it) is put back,
+   before any other step; manifest blobs in the trash are read there, so a v2 link or list
+   pointing into the trash keeps (and brings back) what it names;
 7. a dry run computes the same plan and performs no step.
 
 Planning reads; the step functions each do one rename or unlink and re-check what they can
-(mtime, presence) just before, because another host may be writing while we plan.
+just before, because another host may be writing while we plan: the runner lists manifests
+and leases again before moving, and a move opens the blob first and compares its mtime,
+ctime, size and inode with the plan's (an open makes an NFS client revalidate them).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from store.digest import Digest, is_blob_name
+from store.durations import format_duration
 from store.errors import StoreError
 from store.layout import Layout
 from store.leases import LeaseSet, read_leases
@@ -54,12 +61,38 @@ _OUR_TEMP_DIGEST = re.compile(r"pull-(sha256-[0-9a-f]{64})\.")
 _TRASH_STAMP = re.compile(r"(\d{8}T\d{6}Z)")
 
 
+# A network filesystem's client may hide another host's new manifest or lease from our
+# listings for as long as it caches directories (sshfs: 20 s by default; NFS: acdirmax, 60 s),
+# and show an old mtime for as long as it caches attributes. The grace is what keeps a blob
+# through that (a pull gives its blobs fresh mtimes before it writes the manifest), so it
+# never goes below this unless the caller says every host sees the store uncached.
+GRACE_FLOOR = 600.0
+
+
+def grace_problem(grace: float, below_floor: bool, override: str) -> str | None:
+    """Why `grace` may not be used, or None; `override` is how the caller accepts the risk."""
+    if grace >= GRACE_FLOOR or below_floor:
+        return None
+    return (
+        f"a grace of {format_duration(grace)} is below the {format_duration(GRACE_FLOOR)} floor "
+        "that outlasts network filesystems' client caches (a host whose cached view hides "
+        "another host's new manifest could move that model's blobs to the trash); "
+        f"{override} accepts that risk"
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class GcPolicy:
     grace: float = 3600.0
     partial_grace: float = 7 * 86400.0
     trash_retention: float = 86400.0
     lock_ttl: float = 600.0  # a GC lock without a heartbeat this long is stale
+    below_floor: bool = False  # a grace under GRACE_FLOOR was asked for, risk and all
+
+    def __post_init__(self) -> None:
+        problem = grace_problem(self.grace, self.below_floor, "below_floor=True")
+        if problem is not None:
+            raise ValueError(problem)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +104,8 @@ class FileItem:
     size: int
     mtime: float
     digest: Digest | None = None
+    ctime: float = 0.0  # changes with any touch, link or rename of the inode
+    ino: int = 0
 
 
 @dataclass
@@ -106,7 +141,8 @@ def _stat(path: Path) -> os.stat_result | None:
 
 
 def _item(path: Path, root: Path, st: os.stat_result, digest: Digest | None) -> FileItem:
-    return FileItem(path, str(path.relative_to(root)), st.st_size, st.st_mtime, digest)
+    rel = str(path.relative_to(root))
+    return FileItem(path, rel, st.st_size, st.st_mtime, digest, st.st_ctime, st.st_ino)
 
 
 def trash_stamp(now: float) -> str:
@@ -151,8 +187,9 @@ def save_first_seen(layout: Layout, first_seen: dict[str, float]) -> None:
 def plan_gc(layout: Layout, policy: GcPolicy, *, now: float | None = None) -> GcPlan:
     now = now if now is not None else time.time()
     plan = GcPlan(now, policy)
+    trashed = trash_index(layout)
     leases = read_leases(layout, now)
-    reach = reachable(layout, manifests=leases.manifests)
+    reach = reachable(layout, manifests=leases.manifests, trash=trashed)
     plan.refused = [*reach.unreadable, *leases.unreadable]
     history, problem = history_roots(layout, now)
     if problem is not None:
@@ -288,12 +325,29 @@ def _plan_compat(layout: Layout, plan: GcPlan, wanted: set[Digest]) -> None:
             )
 
 
-def _plan_trash(layout: Layout, plan: GcPlan, wanted: set[Digest]) -> None:
+def _trash_dirs(layout: Layout) -> list[os.DirEntry[str]]:
     try:
-        stamps = sorted(os.scandir(layout.trash), key=lambda d: d.name)
+        return sorted(os.scandir(layout.trash), key=lambda d: d.name)
     except OSError:
-        return
-    for stamp_dir in stamps:
+        return []
+
+
+def trash_index(layout: Layout) -> dict[Digest, Path]:
+    """Each blob in the trash, by digest (the newest copy where several runs moved one)."""
+    index: dict[Digest, Path] = {}
+    for stamp_dir in _trash_dirs(layout):
+        try:
+            names = os.listdir(stamp_dir.path)
+        except OSError:
+            continue
+        for name in names:
+            if is_blob_name(name):
+                index[Digest(name[7:])] = Path(stamp_dir.path, name)
+    return index
+
+
+def _plan_trash(layout: Layout, plan: GcPlan, wanted: set[Digest]) -> None:
+    for stamp_dir in _trash_dirs(layout):
         when = _stamp_time(stamp_dir.name)
         try:
             entries = list(os.scandir(stamp_dir.path))
@@ -312,12 +366,35 @@ def _plan_trash(layout: Layout, plan: GcPlan, wanted: set[Digest]) -> None:
 
 
 # -- the steps ---------------------------------------------------------------------------------
+def fresh_stat(path: Path) -> os.stat_result | None:
+    """The file's attributes as the server has them now: an NFS client revalidates a file's
+    cached attributes when it is opened (close-to-open consistency), a plain stat may not."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except PermissionError:
+        return _stat(path)  # another user's unreadable blob: the plain look is all we have
+    except OSError:
+        return None
+    try:
+        return os.fstat(fd)
+    finally:
+        os.close(fd)
+
+
+def unchanged(item: FileItem, st: os.stat_result | None) -> bool:
+    """Whether `st` is the file the plan saw, untouched since (mtime, ctime, size, inode)."""
+    if st is None or (st.st_mtime, st.st_size) != (item.mtime, item.size):
+        return False
+    return (item.ctime, item.ino) in ((0.0, 0), (st.st_ctime, st.st_ino))
+
+
 def move_to_trash(layout: Layout, item: FileItem, trash_dir: Path, grace: float) -> bool:
     """Move one blob into this run's trash dir; False when it changed since the plan (touched,
     replaced or gone), which means someone wants it."""
-    st = _stat(item.path)
-    if st is None or st.st_mtime != item.mtime or st.st_size != item.size:
+    st = fresh_stat(item.path)
+    if not unchanged(item, st):
         return False
+    assert st is not None
     if time.time() - st.st_mtime < grace:
         return False
     make_dirs(trash_dir, layout.root)
@@ -368,9 +445,10 @@ def remove_empty_dirs(paths: Iterable[Path]) -> None:
 
 
 def leases_and_reach(layout: Layout) -> tuple[LeaseSet, Reach]:
-    """A fresh look just before acting, to drop candidates that became wanted since the plan."""
+    """A fresh look just before acting, to drop candidates that became wanted since the plan:
+    every directory listed again (a new opendir each), nothing taken from the plan."""
     leases = read_leases(layout)
-    reach = reachable(layout, manifests=leases.manifests)
+    reach = reachable(layout, manifests=leases.manifests, trash=trash_index(layout))
     history, problem = history_roots(layout, time.time())
     if problem is not None:
         reach.unreadable.append(problem)

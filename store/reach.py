@@ -8,6 +8,10 @@ named by any of them, in any form, is reachable:
 - the manifest's own bytes as a blob (v2 tags are links to them; a pull stores them too);
 - every child of a manifest list, present or not, and the blobs of each present child.
 
+A manifest blob that GC moved to `.modelfs/trash/` while something still names it (a v2 link,
+a list, a lease) is read from there when the caller passes the trash's contents: what it names
+is reachable, and GC puts it back, rather than refusing over a link it left dangling itself.
+
 A file where a manifest should be (depth 4 of a manifests tree) that cannot be read as one
 makes the answer unsafe: it may be a manifest half-written by another host, naming blobs
 nothing else names. Such files are listed in `unreadable`, and GC refuses to delete anything
@@ -18,7 +22,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,8 +49,9 @@ class Reach:
 
 
 class _Reader:
-    def __init__(self, layout: Layout) -> None:
+    def __init__(self, layout: Layout, trash: Mapping[Digest, Path]) -> None:
         self.layout = layout
+        self.trash = trash
         self.reach = Reach()
         self._children: dict[Digest, Manifest | StoreError | None] = {}
 
@@ -74,12 +79,24 @@ class _Reader:
                 self._unreadable(rel, exc.strerror or str(exc))
 
     def manifest_file(self, path: Path, rel: str) -> None:
-        if stat.S_ISLNK(os.lstat(path).st_mode):
+        trashed = None
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            return  # removed since it was listed (another host's `ollama rm`): names nothing
+        if stat.S_ISLNK(mode):
             # The link's target is kept whatever it holds: it is what the tag names.
             target = os.path.basename(os.readlink(path))
             if is_blob_name(target):
-                self.reach.digests.add(Digest(target.removeprefix("sha256-")))
-        raw = read_limited(path, MAX_MANIFEST_BYTES)
+                digest = Digest(target.removeprefix("sha256-"))
+                self.reach.digests.add(digest)
+                trashed = self.trash.get(digest)
+        try:
+            raw = read_limited(path, MAX_MANIFEST_BYTES)
+        except FileNotFoundError:
+            if trashed is None:
+                raise
+            raw = read_limited(trashed, MAX_MANIFEST_BYTES)  # dangling into the trash
         self.manifest_bytes(raw, rel)
 
     def manifest_bytes(self, raw: bytes, rel: str) -> None:
@@ -106,7 +123,7 @@ class _Reader:
     def _read_child(self, digest: Digest) -> Manifest | StoreError | None:
         rel = f"blobs/{digest.blob_name}"
         try:
-            raw = read_limited(self.layout.blob(digest), MAX_MANIFEST_BYTES)
+            raw = self.manifest_blob(digest)
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -119,21 +136,33 @@ class _Reader:
             return ManifestError(f"{rel}: a list inside a list")
         return parsed
 
+    def manifest_blob(self, digest: Digest) -> bytes:
+        """A manifest blob's bytes, from `blobs/` or else from the trash."""
+        try:
+            return read_limited(self.layout.blob(digest), MAX_MANIFEST_BYTES)
+        except FileNotFoundError:
+            if digest not in self.trash:
+                raise
+            return read_limited(self.trash[digest], MAX_MANIFEST_BYTES)
+
     def _unreadable(self, rel: str, message: str) -> None:
         self.reach.unreadable.append(Problem("bad-manifest", rel, message))
 
 
-def reachable(layout: Layout, manifests: Iterable[Digest] = ()) -> Reach:
+def reachable(
+    layout: Layout, manifests: Iterable[Digest] = (), trash: Mapping[Digest, Path] | None = None
+) -> Reach:
     """Every digest some manifest of the store keeps alive; `manifests` are extra roots (from
-    leases and tag history): manifest blobs whose blobs count as reachable while they exist."""
-    reader = _Reader(layout)
+    leases and tag history): manifest blobs whose blobs count as reachable while they exist.
+    `trash`: the blobs in GC's trash, where a manifest blob missing from `blobs/` is read."""
+    reader = _Reader(layout, trash or {})
     reader.tree(layout.manifests_v2, v2=True)
     reader.tree(layout.manifests, v2=False)
     for digest in manifests:
         reader.reach.digests.add(digest)
         rel = f"blobs/{digest.blob_name}"
         try:
-            raw = read_limited(layout.blob(digest), MAX_MANIFEST_BYTES)
+            raw = reader.manifest_blob(digest)
             reader.manifest_bytes(raw, rel)
         except FileNotFoundError:
             continue  # gone already: it keeps nothing

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from store.durations import parse_duration
 from store.errors import InvalidNameError
-from store.gc import GcPolicy
+from store.gc import GcPolicy, grace_problem
 from store.leases import DEFAULT_TTL
 from store.lockfile import host_id
 from store.scan import DEFAULT_PREFER
@@ -41,9 +41,14 @@ class GcSettings:
     lease_ttl: float = DEFAULT_TTL
     trash_retention: float = 86400.0
     history_retention: float = 7 * 86400.0
+    grace_below_floor: bool = False
 
     def policy(self) -> GcPolicy:
-        return GcPolicy(grace=self.grace, trash_retention=self.trash_retention)
+        return GcPolicy(
+            grace=self.grace,
+            trash_retention=self.trash_retention,
+            below_floor=self.grace_below_floor,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +199,11 @@ def load_config(path: str | os.PathLike[str]) -> SyncConfig:
         lease_ttl=g.convert("lease_ttl", DEFAULT_TTL, _positive_duration),
         trash_retention=g.convert("trash_retention", 86400.0, _duration),
         history_retention=g.convert("history_retention", 7 * 86400.0, _duration),
+        grace_below_floor=g.get("grace_below_floor", bool, False),
     )
+    problem = grace_problem(gc.grace, gc.grace_below_floor, "grace_below_floor = true")
+    if problem is not None:
+        raise g.fail("grace", problem)
     g.check_unknown()
     r.check_unknown()
     return SyncConfig(

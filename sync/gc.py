@@ -40,6 +40,9 @@ from sync.threads import sole
 log = logging.getLogger(__name__)
 
 BATCH = 64  # steps between two checks of the lock
+# Seconds a fresh look at manifests and leases stays fresh enough for the next batch of moves:
+# a look costs a read of every manifest, a batch of renames far less.
+LOOK_EVERY = 1.0
 
 
 def lock_file(layout: Layout, policy: GcPolicy, host: str | None = None) -> LockFile:
@@ -156,32 +159,29 @@ class _Run:
         layout, policy, report = self.layout, self.policy, self.report
         plan = await trio.to_thread.run_sync(plan_gc, layout, policy)
         report.take_plan(plan)
-        if plan.refused:
-            return
-        # First what needs no state and frees space (on a full disk, the state below may not
-        # be writable): put-backs, the trash past its retention, old temp files.
+        # Put-backs first, even when the plan is refused: a blob that something names must
+        # be where it looks, and bringing it back can only keep more.
         await self.steps(plan.restore, lambda i: put_back(layout, i), report.restored)
+        if plan.refused:
+            await self.remove_emptied(report.restored)
+            return
+        # Then what needs no state and frees space (on a full disk, the state below may not
+        # be writable): the trash past its retention, old temp files.
         await self.steps(plan.purge, delete_file, report.purged)
         await self.steps(plan.temps, delete_file, report.temps)
-        emptied = {i.path.parent for i in (*report.purged, *report.restored)}
-        await trio.to_thread.run_sync(remove_empty_dirs, sorted(emptied))
+        await self.remove_emptied([*report.purged, *report.restored])
         try:
             await trio.to_thread.run_sync(save_first_seen, layout, plan.first_seen)
         except OSError as exc:
             # Without the record, no second sighting can be trusted: move nothing this run.
             self.error(f"{layout.state / 'gc'}: {exc.strerror or exc}; nothing moved to trash")
             return
-        trash = plan.trash
-        if trash:
-            # Another host may have written a manifest or a lease since the plan was made.
-            wanted = await self.wanted()
-            if wanted is None:
-                return
-            report.changed += [i for i in trash if i.digest in wanted]
-            trash = [i for i in trash if i.digest not in wanted]
         grace = policy.grace
         await self.steps(
-            trash, lambda i: move_to_trash(layout, i, self.trash_dir, grace), report.trashed
+            plan.trash,
+            lambda i: move_to_trash(layout, i, self.trash_dir, grace),
+            report.trashed,
+            look_first=True,
         )
         if report.trashed:
             await self.put_back_wanted()
@@ -218,6 +218,10 @@ class _Run:
         self.report.changed += [i for i in back if i.digest in returned]
         log.info("gc: %d blob(s) wanted again while moving; put back", len(returned))
 
+    async def remove_emptied(self, items: Sequence[FileItem]) -> None:
+        emptied = {i.path.parent for i in items}
+        await trio.to_thread.run_sync(remove_empty_dirs, sorted(emptied))
+
     def error(self, message: str) -> None:
         self.report.errors.append(message)
         log.error("gc: %s", message)
@@ -231,8 +235,19 @@ class _Run:
             return None
 
     async def steps(
-        self, items: Sequence[FileItem], step: Callable[[FileItem], bool], done: list[FileItem]
+        self,
+        items: Sequence[FileItem],
+        step: Callable[[FileItem], bool],
+        done: list[FileItem],
+        *,
+        look_first: bool = False,
     ) -> None:
+        """`step` on each item, in batches under a refreshed lock. With `look_first`, each
+        batch starts with a fresh look at what manifests and leases name (another host may
+        have written one since the plan, or since the last batch), and skips what they name;
+        a look that cannot read them all ends the steps (the run is refused)."""
+        wanted: set[Digest] | None = None
+        looked = 0.0
         for start in range(0, len(items), BATCH):
             batch = items[start : start + BATCH]
             try:
@@ -240,6 +255,14 @@ class _Run:
             except Exception as exc:
                 self.lose(exc)
                 await trio.lowlevel.checkpoint()  # raises Cancelled: the work scope is cancelled
+            if look_first:
+                if wanted is None or time.monotonic() - looked > LOOK_EVERY:
+                    wanted = await self.wanted()
+                    looked = time.monotonic()
+                    if wanted is None:
+                        return
+                self.report.changed += [i for i in batch if i.digest in wanted]
+                batch = [i for i in batch if i.digest not in wanted]
             results = await trio.to_thread.run_sync(
                 lambda b=batch: [self.attempt(step, i) for i in b]
             )

@@ -131,6 +131,7 @@ from sync.threads import in_thread, run_unwrapped
 log = logging.getLogger(__name__)
 
 MiB = 1 << 20
+VANISH_ROUNDS = 4  # fetches of one model's blobs before blobs vanishing under it is an error
 WRITERS = 2  # threads writing one blob: two direct writes in flight keep a disk busy
 
 
@@ -593,32 +594,17 @@ class Puller:
         except OSError as exc:
             raise _local_error(exc, self.layout, "the pull's lease") from None
         try:
-            missing = await trio.to_thread.run_sync(self._missing, blobs)
+            # What is here already gets a fresh mtime at once, even when nothing is missing:
+            # a GC (ours on another host, whose view of our lease may lag behind; Ollama's
+            # prune) spares young blobs, and its last look before a move sees the change.
+            missing = await trio.to_thread.run_sync(self._missing, blobs, True)
             for digest, size in blobs.items():
                 if digest not in missing:
                     result.present += 1
                     self.progress.blob(label, digest, size, size)
-            if missing:
-                # Fetching takes a while: what is here already must look young to Ollama's
-                # prune meanwhile, and still be here when it is done. One deleted under us
-                # (an Ollama elsewhere started and pruned it) is fetched again.
-                await trio.to_thread.run_sync(self._missing, blobs, True)
-                fetch = {d: blobs[d] for d in missing}
-                await self._fetch_all(name, label, fetch, peers, result, blobs)
-                vanished = await trio.to_thread.run_sync(self._missing, blobs, True)
-                if vanished:
-                    log.warning(
-                        "%s: %s vanished from the store during the pull (pruned by another "
-                        "process?); fetching again",
-                        label,
-                        ", ".join(str(d) for d in vanished),
-                    )
-                    fetch = {d: blobs[d] for d in vanished}
-                    await self._fetch_all(name, label, fetch, peers, result, blobs)
-
+            await self._fetch_until_present(name, label, missing, peers, result, blobs)
             self.progress.status(label, P.VERIFYING)
             self.progress.status(label, P.WRITING_MANIFEST)
-            await trio.to_thread.run_sync(self._check_present, blobs)
             if isinstance(parsed, ManifestList):
                 written = await trio.to_thread.run_sync(
                     self.write_list, name, top.raw, parsed, children
@@ -659,10 +645,34 @@ class Puller:
             await trio.sleep(self.options.freshen_every)
             await trio.to_thread.run_sync(self._missing, blobs, True)
 
-    def _check_present(self, blobs: dict[Digest, int]) -> None:
-        absent = self._missing(blobs)
-        if absent:  # deleted again after it was fetched again, or a fetch without its blob
-            raise LocalWriteError(f"blob {absent[0]} vanished from {self.layout.blobs}")
+    async def _fetch_until_present(
+        self,
+        name: Name,
+        label: str,
+        missing: list[Digest],
+        peers: list[PeerClient],
+        result: ModelResult,
+        blobs: dict[Digest, int],
+    ) -> None:
+        """Fetch `missing`, then look again (freshening what is here) and fetch whatever
+        vanished meanwhile (pruned or collected by another process between "present" and
+        "refreshed"), up to `VANISH_ROUNDS` times, so a concurrent GC costs a fetch, not
+        the pull."""
+        for round_ in range(VANISH_ROUNDS):
+            if missing:
+                if round_:
+                    log.warning(
+                        "%s: %s vanished from the store during the pull (pruned or collected "
+                        "by another process?); fetching again",
+                        label,
+                        ", ".join(str(d) for d in missing),
+                    )
+                fetch = {d: blobs[d] for d in missing}
+                await self._fetch_all(name, label, fetch, peers, result, blobs)
+            missing = await trio.to_thread.run_sync(self._missing, blobs, True)
+            if not missing:
+                return
+        raise LocalWriteError(f"blob {missing[0]} vanished from {self.layout.blobs} again")
 
     # -- writing manifests --------------------------------------------------------------------
     def _manifest_blob(self, raw: bytes) -> Digest:

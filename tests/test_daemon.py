@@ -324,7 +324,7 @@ def test_three_hosts_two_sharing_a_store_never_fetch_twice_nor_lose_blobs_to_gc(
     common = {
         "interval": "1s",
         "replicate": ["*"],
-        "gc": {"interval": "1s", "grace": "0s", "trash_retention": "0s"},
+        "gc": {"interval": "1s", "grace": "0s", "grace_below_floor": True, "trash_retention": "0s"},
     }
     with fakepeer(origin.root, "throttle=8M", log=log) as url:
         common["peers"] = [url]
@@ -380,7 +380,13 @@ def test_tag_history_keeps_the_replaced_version_for_its_retention(tmp_path: Path
     keys = {
         "store": str(store.root),
         "interval": "1s",
-        "gc": {"interval": "1s", "grace": "2s", "trash_retention": "0s", "history_retention": "6s"},
+        "gc": {
+            "interval": "1s",
+            "grace": "2s",
+            "grace_below_floor": True,
+            "trash_retention": "0s",
+            "history_retention": "6s",
+        },
     }
     history = store.layout.state / "history" / "log.jsonl"
     with daemon(tmp_path, "h", **keys) as d:

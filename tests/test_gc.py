@@ -105,7 +105,7 @@ def test_nothing_any_manifest_form_names_is_ever_deleted(store: TinyStore) -> No
     junk = orphan(store, b"nobody's")
 
     for _ in range(3):
-        rc, report, err = gc(store, "--grace", "0", "--trash-retention", "0")
+        rc, report, err = gc(store, "--grace", "0", "--grace-below-floor", "--trash-retention", "0")
         assert rc == 0, err
     assert not present(store, junk)
     for d in named:
@@ -134,7 +134,7 @@ def test_an_unreadable_manifest_stops_gc(store: TinyStore, make: Any) -> None:
     make(bad)
     before = tree_state(store.root)
     for _ in range(2):
-        rc, report, err = gc(store, "--grace", "0", "--trash-retention", "0")
+        rc, report, err = gc(store, "--grace", "0", "--grace-below-floor", "--trash-retention", "0")
         assert rc == 1
         assert "gc refused" in err and "nothing was deleted" in err
         assert report["refused"] and "library/broken" in report["refused"][0]["path"]
@@ -151,16 +151,16 @@ def test_a_dangling_v2_link_and_a_broken_list_child_stop_gc(store: TinyStore) ->
     link = store.v2("gone:1", raw)
     junk = orphan(store, b"would go")
     store.layout.blob(Digest.of_bytes(raw)).unlink()
-    rc, report, _ = gc(store, "--grace", "0")
+    rc, report, _ = gc(store, "--grace", "0", "--grace-below-floor")
     assert rc == 1 and "gone" in report["refused"][0]["path"]
     link.unlink()
 
     child = store.manifest([store.layer("model", b"c")])
     store.v2("lst:1", store.manifest_list([(child, "llamacpp", "gguf")]))
     store.layout.blob(Digest.of_bytes(child)).write_bytes(b"{ not a manifest")
-    rc, report, _ = gc(store, "--grace", "0")
+    rc, report, _ = gc(store, "--grace", "0", "--grace-below-floor")
     assert rc == 1 and "child" in report["refused"][0]["message"]
-    rc, report, _ = gc(store, "--grace", "0")
+    rc, report, _ = gc(store, "--grace", "0", "--grace-below-floor")
     assert present(store, junk)
 
 
@@ -168,8 +168,8 @@ def test_a_stray_file_above_manifest_depth_does_not_stop_gc(store: TinyStore) ->
     store.gguf_model("fine:1")
     (store.layout.manifests / "registry.ollama.ai" / ".DS_Store").write_bytes(b"Bud1")
     junk = orphan(store, b"goes")
-    gc(store, "--grace", "0")
-    rc, _, _ = gc(store, "--grace", "0")
+    gc(store, "--grace", "0", "--grace-below-floor")
+    rc, _, _ = gc(store, "--grace", "0", "--grace-below-floor")
     assert rc == 0 and not present(store, junk)
 
 
@@ -188,7 +188,7 @@ def test_an_unreadable_lease_stops_gc(store: TinyStore, body: bytes) -> None:
     store.layout.leases.mkdir(parents=True)
     (store.layout.leases / "other.1.mount.json").write_bytes(body)
     for _ in range(2):
-        rc, report, _ = gc(store, "--grace", "0")
+        rc, report, _ = gc(store, "--grace", "0", "--grace-below-floor")
         assert rc == 1 and report["refused"][0]["path"].endswith("other.1.mount.json")
     assert present(store, junk)
 
@@ -214,7 +214,7 @@ def test_a_live_lease_keeps_its_blobs_and_an_expired_one_does_not(store: TinySto
     age(dead.path, 120)  # its heartbeat stopped two minutes ago; its TTL is one
 
     for _ in range(3):
-        rc, report, err = gc(store, "--grace", "0", "--trash-retention", "0")
+        rc, report, err = gc(store, "--grace", "0", "--grace-below-floor", "--trash-retention", "0")
         assert rc == 0, err
         assert report["leases"] == {"live": 1, "expired": 1}
     assert present(store, kept) and present(store, leased_manifest) and present(store, layer)
@@ -223,8 +223,8 @@ def test_a_live_lease_keeps_its_blobs_and_an_expired_one_does_not(store: TinySto
 
     # The live lease lets go: the blob goes after its two sightings.
     live.remove()
-    gc(store, "--grace", "0")
-    gc(store, "--grace", "0")
+    gc(store, "--grace", "0", "--grace-below-floor")
+    gc(store, "--grace", "0", "--grace-below-floor")
     assert not present(store, kept) and not present(store, layer)
 
 
@@ -248,12 +248,12 @@ def test_grace_keeps_young_blobs_and_two_sightings_must_be_grace_apart(store: Ti
 
 def test_a_blob_touched_between_plan_and_move_stays(store: TinyStore) -> None:
     junk = orphan(store, b"re-pulled right now")
-    gc(store, "--grace", "60s")
+    gc(store, "--grace", "60s", "--grace-below-floor")
     state = load_first_seen(store.layout)
     state[junk.blob_name] -= 3600  # as if first seen an hour ago
     save_first_seen(store.layout, state)
     os.utime(store.layout.blob(junk))  # Ollama's NewLayer touches it: young again
-    rc, report, _ = gc(store, "--grace", "60s")
+    rc, report, _ = gc(store, "--grace", "60s", "--grace-below-floor")
     assert rc == 0 and present(store, junk)
     assert [i["digest"] for i in report["young"]] == [str(junk)]
 
@@ -302,15 +302,15 @@ def test_a_live_lock_of_another_host_refuses_and_a_stale_one_is_taken_over(
     junk = orphan(store, b"goes when the lock is ours")
     theirs = LockFile(store.layout.state / "gc.lock", stale_after=600, host="gpu-07")
     theirs.acquire()
-    rc, report, err = gc(store, "--grace", "0")
+    rc, report, err = gc(store, "--grace", "0", "--grace-below-floor")
     assert rc == 75 and report is None  # EX_TEMPFAIL: somebody else is collecting
     assert "gc: skipped: gc.lock is held by pid" in err and "gpu-07" in err
     assert "error" not in err
 
     age(theirs.path, 601)  # its heartbeat stopped ten minutes ago
-    rc, report, err = gc(store, "--grace", "0")
+    rc, report, err = gc(store, "--grace", "0", "--grace-below-floor")
     assert rc == 0, err
-    rc, report, err = gc(store, "--grace", "0")
+    rc, report, err = gc(store, "--grace", "0", "--grace-below-floor")
     assert rc == 0 and not present(store, junk)
     assert not theirs.path.exists()
 
@@ -322,14 +322,23 @@ def test_a_lock_whose_owner_died_on_this_host_is_taken_over(store: TinyStore) ->
     lock.parent.mkdir(parents=True, exist_ok=True)
     me = os.environ.get("MODELFS_HOST_ID") or os.uname().nodename
     lock.write_text(json.dumps({"host": me, "pid": dead.pid, "token": "x"}))
-    rc, _, err = gc(store, "--grace", "0")
+    rc, _, err = gc(store, "--grace", "0", "--grace-below-floor")
     assert rc == 0, err
 
 
 def test_many_gcs_started_at_once_never_both_run(store: TinyStore) -> None:
     junk = [orphan(store, f"orphan {i}".encode()) for i in range(300)]
-    gc(store, "--grace", "0")  # the first sighting
-    args = [MODELFS, "gc", "--store", str(store.root), "--json", "--grace", "0"]
+    gc(store, "--grace", "0", "--grace-below-floor")  # the first sighting
+    args = [
+        MODELFS,
+        "gc",
+        "--store",
+        str(store.root),
+        "--json",
+        "--grace",
+        "0",
+        "--grace-below-floor",
+    ]
     procs = [
         subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(6)
     ]
@@ -350,7 +359,7 @@ async def test_a_lock_refresh_that_fails_mid_run_stops_the_run(
     store: TinyStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     junk = [orphan(store, f"orphan {i}".encode()) for i in range(gc_runner.BATCH + 10)]
-    policy = GcPolicy(grace=0)
+    policy = GcPolicy(grace=0, below_floor=True)
     await gc_runner.run_gc(store.layout, policy)  # first sighting
     real = LockFile.refresh
     calls = 0
@@ -413,17 +422,17 @@ def test_a_blob_goes_to_the_trash_on_the_second_pass_and_is_unlinked_after_reten
 ) -> None:
     store.gguf_model("keep:1")
     junk = orphan(store, b"x" * 1000)
-    rc, r1, _ = gc(store, "--grace", "0")
+    rc, r1, _ = gc(store, "--grace", "0", "--grace-below-floor")
     assert [i["digest"] for i in r1["pending"]] == [str(junk)] and not r1["trashed"]
     assert present(store, junk)
-    rc, r2, _ = gc(store, "--grace", "0")
+    rc, r2, _ = gc(store, "--grace", "0", "--grace-below-floor")
     assert rc == 0
     assert [i["digest"] for i in r2["trashed"]] == [str(junk)] and r2["bytes_trashed"] == 1000
     assert not present(store, junk)
     (trashed,) = store.layout.trash.glob(f"*/{junk.blob_name}")
-    _, r3, _ = gc(store, "--grace", "0")  # retention 24h: still in the trash
+    _, r3, _ = gc(store, "--grace", "0", "--grace-below-floor")  # retention 24h: still in the trash
     assert trashed.exists() and not r3["purged"]
-    _, r4, _ = gc(store, "--grace", "0", "--trash-retention", "0")
+    _, r4, _ = gc(store, "--grace", "0", "--grace-below-floor", "--trash-retention", "0")
     assert not trashed.exists() and r4["bytes_freed"] == 1000
     assert not list(store.layout.trash.iterdir())  # the emptied stamp dir is gone too
 
@@ -431,13 +440,13 @@ def test_a_blob_goes_to_the_trash_on_the_second_pass_and_is_unlinked_after_reten
 def test_a_trashed_blob_wanted_again_is_put_back(store: TinyStore) -> None:
     data = b"weights someone pulls again"
     junk = orphan(store, data)
-    gc(store, "--grace", "0")
-    gc(store, "--grace", "0")
+    gc(store, "--grace", "0", "--grace-below-floor")
+    gc(store, "--grace", "0", "--grace-below-floor")
     assert not present(store, junk)
     # A manifest naming it reappears (another host copied the manifest but not the blob).
     layer = {"mediaType": LAYER + "model", "digest": str(junk), "size": len(data)}
     store.legacy("again:1", store.manifest([layer]))
-    _, report, _ = gc(store, "--grace", "0")
+    _, report, _ = gc(store, "--grace", "0", "--grace-below-floor")
     assert [i["digest"] for i in report["restored"]] == [str(junk)]
     assert store.layout.blob(junk).read_bytes() == data
 
@@ -446,18 +455,29 @@ def test_a_trashed_blob_wanted_again_is_put_back(store: TinyStore) -> None:
 def test_a_dry_run_names_what_would_go_and_changes_nothing(store: TinyStore) -> None:
     store.gguf_model("keep:1")
     junk = orphan(store, b"y" * 500)
-    gc(store, "--grace", "0")  # first sighting recorded
+    gc(store, "--grace", "0", "--grace-below-floor")  # first sighting recorded
     old_trash = store.layout.trash / "20200101T000000Z-old"
     old_trash.mkdir(parents=True)
     (old_trash / f"sha256-{'77' * 32}").write_bytes(b"z" * 300)
     before = tree_state(store.root)
-    rc, report, _ = gc(store, "--grace", "0", "--trash-retention", "0", "--dry-run")
+    rc, report, _ = gc(
+        store, "--grace", "0", "--grace-below-floor", "--trash-retention", "0", "--dry-run"
+    )
     assert rc == 0 and report["dry_run"]
     assert [i["digest"] for i in report["trashed"]] == [str(junk)]
     assert report["bytes_trashed"] == 500 and report["bytes_freed"] == 300
     assert tree_state(store.root) == before
     r = subprocess.run(
-        [MODELFS, "gc", "--store", str(store.root), "--dry-run", "--grace", "0"],
+        [
+            MODELFS,
+            "gc",
+            "--store",
+            str(store.root),
+            "--dry-run",
+            "--grace",
+            "0",
+            "--grace-below-floor",
+        ],
         capture_output=True,
         text=True,
         check=True,
@@ -507,7 +527,7 @@ def test_a_step_the_filesystem_refuses_is_one_line_not_a_traceback(store: TinySt
     orphan(store, b"would be recorded")
     (store.layout.state / "gc").parent.mkdir(parents=True, exist_ok=True)
     (store.layout.state / "gc").write_bytes(b"not a directory")
-    rc, report, err = gc(store, "--grace", "0")
+    rc, report, err = gc(store, "--grace", "0", "--grace-below-floor")
     assert rc == 1 and "Traceback" not in err
     assert report["errors"] and "nothing moved to trash" in report["errors"][0]
     assert err.strip().splitlines()[-1].startswith("modelfs: error: gc: 1 step(s) failed")
@@ -517,7 +537,7 @@ async def test_a_blob_wanted_while_gc_moves_it_is_put_back(
     store: TinyStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     junk = orphan(store, b"a pull starts using it right now")
-    await gc_runner.run_gc(store.layout, GcPolicy(grace=0))  # first sighting
+    await gc_runner.run_gc(store.layout, GcPolicy(grace=0, below_floor=True))  # first sighting
     real = gc_runner.move_to_trash
 
     def move_then_lease(*args: Any) -> bool:
@@ -529,7 +549,7 @@ async def test_a_blob_wanted_while_gc_moves_it_is_put_back(
         return moved
 
     monkeypatch.setattr(gc_runner, "move_to_trash", move_then_lease)
-    report = await gc_runner.run_gc(store.layout, GcPolicy(grace=0))
+    report = await gc_runner.run_gc(store.layout, GcPolicy(grace=0, below_floor=True))
     assert present(store, junk)
     assert not report.trashed and [i.digest for i in report.changed] == [junk]
 
@@ -548,10 +568,10 @@ def test_tag_history_keeps_old_versions_from_every_gc_for_its_retention(
     history.observe(scan_store(store.root), time.time())
     age(store.layout.blob(old_blob), 2 * HOUR)
     for _ in range(2):  # no daemon runs: the history itself is a root
-        rc, _, _ = gc(store, "--grace", "0")
+        rc, _, _ = gc(store, "--grace", "0", "--grace-below-floor")
         assert rc == 0
     assert present(store, old_blob)
     history.set_retention(0)
     for _ in range(2):
-        gc(store, "--grace", "0")
+        gc(store, "--grace", "0", "--grace-below-floor")
     assert not present(store, old_blob)

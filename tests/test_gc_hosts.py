@@ -56,7 +56,15 @@ def test_gc_in_a_tight_loop_on_one_host_never_takes_what_another_is_pulling(
         )
         runs, trashed = 0, []
         while puller.poll() is None:
-            r = gc_as("host-b", shared.root, "--grace", "0", "--trash-retention", "0")
+            r = gc_as(
+                "host-b",
+                shared.root,
+                "--grace",
+                "0",
+                "--grace-below-floor",
+                "--trash-retention",
+                "0",
+            )
             assert r.returncode == 0, r.stderr
             report = json.loads(r.stdout)
             trashed += [i["digest"] for i in report["trashed"]]
@@ -89,7 +97,15 @@ def test_a_reader_on_one_host_keeps_its_blob_while_another_host_collects(
             # The tag goes (`ollama rm` on some host); GC runs on another host, twice.
             os.unlink(store.layout.legacy_manifest(scan_store(store.root).lookup("reader:1").name))
             for _ in range(2):
-                r = gc_as("gc-host", store.root, "--grace", "0", "--trash-retention", "0")
+                r = gc_as(
+                    "gc-host",
+                    store.root,
+                    "--grace",
+                    "0",
+                    "--grace-below-floor",
+                    "--trash-retention",
+                    "0",
+                )
                 assert r.returncode == 0, r.stderr
                 report = json.loads(r.stdout)
                 assert str(digest) in [i["digest"] for i in report["leased"]]
@@ -105,5 +121,7 @@ def test_a_reader_on_one_host_keeps_its_blob_while_another_host_collects(
             "the lease to drop the blob",
         )
         for _ in range(2):
-            assert gc_as("gc-host", store.root, "--grace", "0").returncode == 0
+            assert (
+                gc_as("gc-host", store.root, "--grace", "0", "--grace-below-floor").returncode == 0
+            )
         assert not store.layout.blob(digest).exists()

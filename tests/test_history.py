@@ -180,7 +180,7 @@ def test_roots_in_a_lease_keep_old_blobs_from_gc(tiny: TinyStore) -> None:
     old_blob = tiny.layout.blob(Digest.of_bytes(b"old weights"))
     os.utime(old_blob, (now - 10 * DAY, now - 10 * DAY))  # well past any grace
 
-    policy = GcPolicy(grace=0.0)
+    policy = GcPolicy(grace=0.0, below_floor=True)
     history = TagHistory(tiny.layout)
     history.set_retention(0)  # nothing kept by the history itself: only the lease below
     plan = plan_gc(tiny.layout, policy, now=now + 1)

@@ -45,12 +45,12 @@ def test_what_root_creates_in_a_users_store_is_that_users(tmp_path: Path) -> Non
     os.chown(store, OLLAMA_UID, OLLAMA_GID)
     with fakepeer(origin.root) as url:
         run("pull", "--store", str(store), "--from", url, "someuser/m:1")
-    run("gc", "--store", str(store), "--grace", "0")
+    run("gc", "--store", str(store), "--grace", "0", "--grace-below-floor")
     (store / "blobs" / f"sha256-{'ab' * 32}").write_bytes(b"orphan")
     os.chown(store / "blobs" / f"sha256-{'ab' * 32}", OLLAMA_UID, OLLAMA_GID)
     os.utime(store / "blobs" / f"sha256-{'ab' * 32}", (time.time() - 7200,) * 2)
-    run("gc", "--store", str(store), "--grace", "0")
-    run("gc", "--store", str(store), "--grace", "0")  # into the trash
+    run("gc", "--store", str(store), "--grace", "0", "--grace-below-floor")
+    run("gc", "--store", str(store), "--grace", "0", "--grace-below-floor")  # into the trash
     run("verify", "--store", str(store))
     with (
         mounted(store, tmp_path / "mnt"),
