@@ -151,7 +151,13 @@ class Daemon:
         config = self.config
         token = read_token_file(config.token_file) if config.token_file else None
         self.token = token
-        app = RegistryApp(self.layout, token=token, prefer=config.prefer, host_id=config.host_id)
+        app = RegistryApp(
+            self.layout,
+            token=token,
+            authorized_keys=config.authorized_keys,
+            prefer=config.prefer,
+            host_id=config.host_id,
+        )
         self.app = app
         app.extra_status = self.status
         app.extra_metrics = self.metrics
