@@ -279,11 +279,14 @@ class Access:
             key.key.verify(signature, f"GET,{url},{EMPTY_BODY}".encode())
         except InvalidSignature:
             raise Refused("bad signature", f"{who}, over GET {url}") from None
-        query = parse_qs(req.raw_query, keep_blank_values=True, max_num_fields=32)
+        try:
+            query = parse_qs(req.raw_query, keep_blank_values=True, max_num_fields=32)
+        except ValueError:
+            raise Refused("too many query parameters", who) from None
         ts_text = query.get("ts", [""])[0]
         nonce = query.get("nonce", [""])[0]
         now = time.time()
-        if not ts_text.isdigit() or abs(int(ts_text) - now) > TS_WINDOW:
+        if not ts_text.isdigit() or len(ts_text) > 12 or abs(int(ts_text) - now) > TS_WINDOW:
             raise Refused(
                 f"timestamp {ts_text[:20]!r} is more than {TS_WINDOW} s from the server's clock",
                 who,

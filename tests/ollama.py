@@ -69,6 +69,10 @@ ACCEPT = "application/vnd.docker.distribution.manifest.v2+json"  # images.go:127
 USER_AGENT = "ollama/0.0.0 (amd64 linux) Go/go1.24.0"  # images.go:1392's shape
 TRANSFER_AGENT = "ollama-transfer/1.0"  # x/transfer/transfer.go:108
 GO_AGENT = "Go-http-client/1.1"  # http.DefaultClient's, download.go:345
+# Go's Transport asks for gzip itself (and decodes it) unless the request has a Range; then it
+# sends no Accept-Encoding, which "identity" stands for here (httpx would add its own list).
+GO_ENCODING = "gzip"
+GO_RANGE_ENCODING = "identity"
 TENSOR = "application/vnd.ollama.image.tensor"  # manifest/layer.go:21
 NUM_PARTS = 16  # download.go:100
 MIN_PART = 100 * 1000 * 1000  # download.go:101 (format.MegaByte is 1000*1000)
@@ -105,6 +109,10 @@ class OllamaClient:
     timeout: float = 60.0
     log: list[Logged] = field(default_factory=list)
     part_sizes: dict[str, list[int]] = field(default_factory=dict)
+    # digest -> seconds from its HEAD to its sha256 check done (the GGUF path), for benches,
+    # and the part of that spent in the check
+    seconds: dict[str, float] = field(default_factory=dict)
+    hash_seconds: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.models = self.home / ".ollama" / "models"
@@ -213,6 +221,7 @@ class OllamaClient:
         if opts.token:
             sent["Authorization"] = f"Bearer {opts.token}"
         sent["User-Agent"] = agent
+        sent.setdefault("Accept-Encoding", GO_ENCODING)
         first_host = urlsplit(url).hostname
         for _ in range(11):
             request = self.http.build_request(method, url, headers=sent)
@@ -280,11 +289,16 @@ class OllamaClient:
         else:
             skip_verify: dict[str, bool] = {}
             for layer in layers:
+                started = time.perf_counter()
                 hit = self._download_blob(repo_url, layer["digest"], opts)
+                self.seconds[layer["digest"]] = time.perf_counter() - started
                 skip_verify[layer["digest"]] = skip_verify.get(layer["digest"], hit) and hit
             for layer in layers:
                 if not skip_verify[layer["digest"]]:
+                    started = time.perf_counter()
                     self._verify_blob(layer["digest"])
+                    self.hash_seconds[layer["digest"]] = time.perf_counter() - started
+                    self.seconds[layer["digest"]] += self.hash_seconds[layer["digest"]]
         path = self.models / "manifests" / host / namespace / model / tag
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
@@ -357,13 +371,17 @@ class OllamaClient:
             stop = part["Offset"] + part["Size"]
             want = part["Size"] - part["Completed"]
             # http.DefaultClient: its own User-Agent, no Authorization.
-            headers = {"Range": f"bytes={start}-{stop - 1}", "User-Agent": GO_AGENT}
+            headers = {
+                "Range": f"bytes={start}-{stop - 1}",
+                "User-Agent": GO_AGENT,
+                "Accept-Encoding": GO_RANGE_ENCODING,
+            }
             with self.plain.stream("GET", direct, headers=headers) as r:
                 self.log.append(Logged("GET", direct, headers, r.status_code))
                 n = 0
                 with open(partial, "r+b") as f:
                     f.seek(start)
-                    for chunk in r.iter_bytes(1 << 20):  # io.CopyN: status unchecked
+                    for chunk in r.iter_raw():  # io.CopyN: status unchecked
                         chunk = chunk[: want - n]
                         f.write(chunk)
                         n += len(chunk)
@@ -391,7 +409,7 @@ class OllamaClient:
             if path.exists() and path.stat().st_size == size:
                 continue
             url = self._resolve(f"{base}/v2/{repo}/blobs/{digest}", base, opts)
-            headers = {"User-Agent": TRANSFER_AGENT}
+            headers = {"User-Agent": TRANSFER_AGENT, "Accept-Encoding": GO_ENCODING}
             if urlsplit(url).netloc == urlsplit(base).netloc and opts.token:
                 headers["Authorization"] = f"Bearer {opts.token}"
             with self.http.stream("GET", url, headers=headers) as r:
@@ -401,7 +419,7 @@ class OllamaClient:
                 h = hashlib.sha256()
                 tmp = Path(f"{path}.tmp")
                 with open(tmp, "wb") as f:
-                    for chunk in r.iter_bytes(1 << 20):
+                    for chunk in r.iter_bytes():
                         f.write(chunk)
                         h.update(chunk)
             if f"sha256:{h.hexdigest()}" != digest or tmp.stat().st_size != size:
@@ -412,11 +430,11 @@ class OllamaClient:
     def _resolve(self, url: str, base: str, opts: RegOpts) -> str:
         """resolve (x/transfer/download.go:400-440)."""
         for _ in range(10):
-            headers = {"User-Agent": TRANSFER_AGENT}
+            headers = {"User-Agent": TRANSFER_AGENT, "Accept-Encoding": GO_ENCODING}
             if opts.token:
                 headers["Authorization"] = f"Bearer {opts.token}"
             with self.http.stream("GET", url, headers=headers) as r:
-                for _chunk in r.iter_bytes(1 << 20):
+                for _chunk in r.iter_raw():
                     pass  # drained, as io.Copy(io.Discard, resp.Body)
                 self.log.append(Logged("GET", url, headers, r.status_code))
             if r.status_code == 200:

@@ -30,6 +30,7 @@ from sync.server import RegistryApp
 from tests.builders import TinyStore
 from tests.ollama import EMPTY_BODY, MIN_PART, USER_AGENT, OllamaClient, OllamaError
 from tests.test_cli import modelfs
+from tests.test_daemon import daemon
 from tests.test_serve_process import MODELFS, read_line, stop
 
 SKOPEO = shutil.which("skopeo")
@@ -442,3 +443,46 @@ def test_sync_config_takes_authorized_keys(tmp_path: Path) -> None:
     r = modelfs("sync", "--config", str(config), "--store", str(tmp_path / "s"))
     assert r.returncode == 1
     last_error(r.stderr, "authorized_keys", "cannot read")
+
+
+def test_sync_daemon_lets_an_ollama_host_sign_in(tmp_path: Path, ollama: OllamaClient) -> None:
+    """`modelfs sync` with `authorized_keys` in its config serves Ollama the same way."""
+    store = TinyStore(tmp_path / "models")
+    raw = store.gguf_model("library/small:latest", b"small weights")
+    keys = keys_file(tmp_path, ollama)
+    with daemon(tmp_path, "host", store=str(store.root), authorized_keys=str(keys)) as d:
+        hostport = d.url.removeprefix("http://")
+        assert http.get(f"{d.url}/v2/").status_code == 401
+        ollama.pull(f"{hostport}/library/small", insecure=True)
+    path = ollama.models / "manifests" / hostport / "library/small/latest"
+    assert path.read_bytes() == raw
+
+
+def test_the_signed_bytes_are_ollamas(
+    demo: DemoStore, tmp_path: Path, ollama: OllamaClient
+) -> None:
+    """The URL and body hash spelled out as Go writes them (auth.go:49,64-65: url.Values
+    sorted, QueryEscape; base64 of the hex sha256 of no body), not through the emulator."""
+    assert EMPTY_BODY == (
+        "ZTNiMGM0NDI5OGZjMWMxNDlhZmJmNGM4OTk2ZmI5MjQyN2FlNDFlNDY0OWI5MzRjYTQ5NTk5MWI3ODUyYjg1NQ=="
+    )
+    with serving(demo.root, tmp_path, "--authorized-keys", str(keys_file(tmp_path, ollama))) as s:
+        url = (
+            f"{s.url}/modelfs/v1/token?nonce=q83vEjRWeJA&"
+            f"scope=repository%3Alibrary%2Fllama3.2%3Apull&service=modelfs&ts={int(time.time())}"
+        )
+        assert (
+            ollama.challenge_url(
+                f"{s.url}/modelfs/v1/token", "modelfs", "repository:library/llama3.2:pull"
+            )
+            .split("&scope=")[1]
+            .startswith("repository%3Alibrary%2Fllama3.2%3Apull&service=")
+        )
+        auth = ollama.sign(f"GET,{url},{EMPTY_BODY}".encode())
+        r = http.get(url, headers={"Authorization": auth})
+        assert r.status_code == 200, r.text
+        token = r.json()["token"]
+        assert (
+            http.get(f"{s.url}/v2/", headers={"Authorization": f"Bearer {token}"}).status_code
+            == 200
+        )
