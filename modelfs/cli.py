@@ -163,6 +163,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             root,
             listen=args.listen,
             token_file=args.token_file,
+            authorized_keys=args.authorized_keys,
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
             prefer=args.prefer,
@@ -265,6 +266,13 @@ def cmd_sync(args: argparse.Namespace) -> int:
         read_credentials(config.token_file)
     except CredentialsError as exc:
         raise UserError(f"{config.path}: token_file: {exc}") from None
+    if config.authorized_keys is not None:
+        from sync.signin import AccessConfigError, AuthorizedKeys
+
+        try:
+            AuthorizedKeys(config.authorized_keys)
+        except AccessConfigError as exc:
+            raise UserError(f"{config.path}: authorized_keys: {exc}") from None
     if config.token_file is None and config.peers:
         log.info("no token_file: peers must serve loopback clients without a token")
     try:
@@ -463,13 +471,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--listen",
         metavar="ADDR:PORT",
-        help="where to listen (default: 127.0.0.1:11500, or 0.0.0.0:11500 with a token)",
+        help="where to listen (default: 127.0.0.1:11500; 0.0.0.0:11500 with a token or keys)",
     )
     p.add_argument(
         "--token-file",
         metavar="F",
         type=Path,
         help="require `Authorization: Bearer <token>`; without it only loopback is served",
+    )
+    p.add_argument(
+        "--authorized-keys",
+        metavar="F",
+        type=Path,
+        help="let Ollama hosts whose key (~/.ollama/id_ed25519.pub) is a line of F sign in",
     )
     p.add_argument("--tls-cert", metavar="F", type=Path, help="serve HTTPS with this certificate")
     p.add_argument("--tls-key", metavar="F", type=Path, help="the certificate's private key")

@@ -58,6 +58,7 @@ class SyncConfig:
     host_id: str = field(default_factory=host_id)
     listen: str = f"0.0.0.0:{DEFAULT_PORT}"
     token_file: Path | None = None
+    authorized_keys: Path | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None
     peers: tuple[str, ...] = ()
@@ -178,6 +179,7 @@ def load_config(path: str | os.PathLike[str]) -> SyncConfig:
     host = r.convert("host_id", host_id(), _host_id)
     listen = r.convert("listen", SyncConfig.listen, _listen)
     token_file = r.convert("token_file", None, Path)
+    authorized_keys = r.convert("authorized_keys", None, lambda s: Path(s).expanduser())
     tls_cert = r.convert("tls_cert", None, Path)
     tls_key = r.convert("tls_key", None, Path)
     if (tls_cert is None) != (tls_key is None):
@@ -212,6 +214,7 @@ def load_config(path: str | os.PathLike[str]) -> SyncConfig:
         host_id=host,
         listen=listen,
         token_file=token_file,
+        authorized_keys=authorized_keys,
         tls_cert=tls_cert,
         tls_key=tls_key,
         peers=peers,

@@ -211,7 +211,13 @@ class Daemon:
         # One file: the token this host serves with, and the credentials sent to its peers.
         credentials = read_credentials(config.token_file)
         token = credentials.secret if credentials is not None else None
-        app = RegistryApp(self.layout, token=token, prefer=config.prefer, host_id=config.host_id)
+        app = RegistryApp(
+            self.layout,
+            token=token,
+            authorized_keys=config.authorized_keys,
+            prefer=config.prefer,
+            host_id=config.host_id,
+        )
         self.app = app
         app.extra_status = self.status
         app.extra_metrics = self.metrics

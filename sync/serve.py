@@ -4,7 +4,8 @@
     ...
     nursery.cancel_scope.cancel()    # stop accepting, let requests in flight finish (≤ grace)
 
-    run_server(root, listen=None, token_file=None, tls_cert=None, tls_key=None, ready=print)
+    run_server(root, listen=None, token_file=None, authorized_keys=None, tls_cert=None,
+               tls_key=None, ready=print)
                                      # `modelfs serve`: until SIGTERM/SIGINT, then exit 0
 
 We bind the socket ourselves and hand hypercorn its fd (`fd://N`): a busy port is one clear
@@ -200,8 +201,8 @@ DEFAULT_PORT = 11500
 
 
 def default_listen(*, token: bool) -> str:
-    """Loopback unless a token guards the server: without a token only loopback clients are
-    served anyway, so listening wider would only expose a port that answers 403."""
+    """Loopback unless a token or keys guard the server: without either only loopback
+    clients are served anyway, so listening wider would only expose a port that answers 403."""
     return f"0.0.0.0:{DEFAULT_PORT}" if token else f"127.0.0.1:{DEFAULT_PORT}"
 
 
@@ -210,6 +211,7 @@ def run_server(
     *,
     listen: str | None = None,
     token_file: str | os.PathLike[str] | None = None,
+    authorized_keys: str | os.PathLike[str] | None = None,
     tls_cert: str | os.PathLike[str] | None = None,
     tls_key: str | os.PathLike[str] | None = None,
     prefer: Sequence[str] | None = None,
@@ -222,16 +224,29 @@ def run_server(
     from store.layout import Layout
     from store.scan import DEFAULT_PREFER
     from sync.server import RegistryApp
+    from sync.signin import AccessConfigError
 
     credentials = read_credentials(token_file)
     token = credentials.secret if credentials is not None else None
     if (tls_cert is None) != (tls_key is None):
         raise ServeError("--tls-cert and --tls-key go together")
-    listen = listen or default_listen(token=token is not None)
+    guarded = token is not None or authorized_keys is not None
+    listen = listen or default_listen(token=guarded)
     host, _ = parse_listen(listen)
-    if token is None and not is_loopback_host(host):
-        log.warning("no --token-file: only loopback clients will be served on %s", listen)
-    app = RegistryApp(Layout(root), token=token, prefer=prefer or DEFAULT_PREFER)
+    if not guarded and not is_loopback_host(host):
+        log.warning(
+            "no --token-file or --authorized-keys: only loopback clients will be served on %s",
+            listen,
+        )
+    try:
+        app = RegistryApp(
+            Layout(root),
+            token=token,
+            authorized_keys=authorized_keys,
+            prefer=prefer or DEFAULT_PREFER,
+        )
+    except AccessConfigError as exc:
+        raise ServeError(str(exc)) from None
 
     async def main() -> None:
         # Scan before listening, so the first client does not wait for it and a store

@@ -10,6 +10,7 @@ Endpoints (every one behind the same access rule, see `RegistryApp.check_access`
     GET       /v2/_catalog?n=&last=                 {"repositories": [...]}
     GET       /v2/<repo>/tags/list?n=&last=         {"name": repo, "tags": [...]}
     GET       /modelfs/v1/status                    JSON: host, store, counts, uptime, traffic
+    GET       /modelfs/v1/token                     a short-lived bearer token (sync/signin.py)
     GET       /metrics                              Prometheus text format
 
 `<repo>` is `<ns>/<model>` on the default host and `<host>/<ns>/<model>` otherwise. Every
@@ -34,6 +35,14 @@ Choices a client can see:
 - `Accept-Encoding: zstd` compresses text-like layers (template, license, params, json, …,
   configs and manifests) on a whole GET only; never weights, ranges or HEAD answers, whose
   Content-Length a client takes as the blob's size.
+- Every 200/206 blob answer carries a `Location` that reads the same blob: the path itself
+  when only loopback is served, else a signed, expiring URL of it. Ollama's downloader reads
+  it and sends its ranged parts there without Authorization (ollama/ollama fb30760
+  server/download.go:267-270, 340-345); other clients ignore a Location on a 200.
+- Ollama can only name `<ns>/<model>` on a host (server/images.go:1273). A manifest request
+  from Ollama (User-Agent `ollama/`, images.go:1392) for such a name that the default host
+  does not hold gets the same `<ns>/<model>:<tag>` of the one other host that holds it
+  (`hf.co/bartowski/x:Q4` as `HOST:PORT/bartowski/x:Q4`); none or several: a 404.
 - Read-only: any other method is a 405 `UNSUPPORTED`.
 """
 
@@ -42,8 +51,6 @@ from __future__ import annotations
 import base64
 import binascii
 import bisect
-import hashlib
-import hmac
 import ipaddress
 import json
 import logging
@@ -87,6 +94,7 @@ from store.names import Name
 from store.scan import DEFAULT_PREFER, ScanCache, StoreIndex, scan_store
 from store.watch import store_signature
 from sync.protocol import API_VERSION_HEADER, DIGEST_HEADER, name_from_repository
+from sync.signin import SERVICE, TOKEN_PATH, Access, Refused, SignInRequest
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +129,9 @@ METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 READ_ONLY_METHODS = ("GET", "HEAD")
 KNOWN_METHODS = frozenset({"GET", "HEAD", "PUT", "POST", "PATCH", "DELETE", "OPTIONS"})
 _DIGITS = re.compile(r"[0-9]{1,19}")
+_HOST_HEADER = re.compile(r"[A-Za-z0-9._:\[\]%-]{1,300}")
+_SCOPE_REPO = re.compile(r"[A-Za-z0-9._:/-]{1,500}")
+OLLAMA_AGENT = "ollama/"  # images.go:1392 sets `ollama/<version> (<arch> <os>) Go/<go>`
 _MEDIA_TYPE = re.compile(
     r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}"
 )
@@ -172,6 +183,9 @@ class Request:
     query: dict[str, str]
     headers: dict[str, str]
     client: str | None
+    scheme: str = "http"
+    host: str = "localhost"  # the Host header when it is a plain host[:port]; else our address
+    raw_query: str = ""
 
     @classmethod
     def from_scope(cls, scope: Scope) -> Request:
@@ -195,12 +209,20 @@ class Request:
         except ValueError:
             query = {"\0": ""}  # too many fields: no handler accepts this key
         client = scope.get("client")
+        host = headers.get("host", "")
+        if _HOST_HEADER.fullmatch(host) is None:
+            addr, port = scope.get("server") or ("localhost", None)
+            addr = f"[{addr}]" if ":" in addr else addr
+            host = addr if port is None else f"{addr}:{port}"
         return cls(
             method=scope.get("method", "GET").upper(),
             raw_path=raw_path,
             query=query,
             headers=headers,
             client=client[0] if client else None,
+            scheme=scope.get("scheme", "http"),
+            host=host,
+            raw_query=qs,
         )
 
 
@@ -350,6 +372,8 @@ class View:
     compressible: set[Digest] = field(default_factory=set)
     repos: dict[tuple[str, str, str], Repo] = field(default_factory=dict)
     catalog: list[str] = field(default_factory=list)
+    # (ns, model, tag), lowercased -> the names other hosts than the default hold under it.
+    elsewhere: dict[tuple[str, str, str], list[Name]] = field(default_factory=dict)
 
     @classmethod
     def build(cls, layout: Layout, cache: ScanCache | None = None) -> View:
@@ -363,6 +387,8 @@ class View:
             key = entry.name.key[:3]
             repo = view.repos.setdefault(key, Repo(entry.name.repository, []))
             repo.tags.append(entry.name.tag)
+            if not entry.name.is_default_host:
+                view.elsewhere.setdefault(entry.name.key[1:], []).append(entry.name)
         for repo in view.repos.values():
             repo.tags.sort(key=_sort_key)
         view.catalog = sorted((r.name for r in view.repos.values()), key=_sort_key)
@@ -380,6 +406,20 @@ class View:
                 layer.media_type.startswith(LAYER_PREFIX) and layer.kind in COMPRESSIBLE_KINDS
             ):
                 self.compressible.add(layer.digest)
+
+    def for_ollama(self, name: Name) -> Name:
+        """The model an Ollama client means by a default-host name: that one when the store
+        holds it, else the one model of another host with the same `<ns>/<model>:<tag>`."""
+        if name.key in self.index.entries:
+            return name
+        _, ns, model, tag = name.key
+        others = self.elsewhere.get((ns, model, tag), [])
+        if len(others) > 1:
+            raise ModelNotFoundError(
+                f"{name.namespace}/{name.model}:{name.tag} is on several hosts here "
+                f"({', '.join(o.host for o in others)}); pull it with modelfs, which names the host"
+            )
+        return others[0] if others else name
 
     def repo(self, repository: str) -> Repo:
         key = name_from_repository(repository, "latest").key[:3]
@@ -417,11 +457,6 @@ def _is_loopback(host: str | None) -> bool:
     return addr.is_loopback
 
 
-def _token_hash(token: str | bytes) -> bytes:
-    data = token.encode("utf-8") if isinstance(token, str) else token
-    return hashlib.sha256(data).digest()
-
-
 # -- the app ---------------------------------------------------------------------------------
 class RegistryApp:
     """A read-only OCI distribution registry over one store root."""
@@ -431,6 +466,7 @@ class RegistryApp:
         layout: Layout,
         *,
         token: str | None,
+        authorized_keys: str | os.PathLike[str] | None = None,
         prefer: Sequence[str] = DEFAULT_PREFER,
         host_id: str | None = None,
         refresh_interval: float = REFRESH_INTERVAL,
@@ -438,9 +474,7 @@ class RegistryApp:
     ) -> None:
         self.layout = layout
         self._root = os.path.abspath(layout.root)
-        # Only a hash of the token is kept; comparing hashes takes the same time whatever
-        # the length or prefix of what a client sends.
-        self._token_hash = _token_hash(token) if token else None
+        self.access = Access(token=token, keys_path=authorized_keys)
         self.prefer = tuple(prefer)
         self.host_id = host_id or socket.gethostname()
         self.refresh_interval = refresh_interval
@@ -552,12 +586,14 @@ class RegistryApp:
 
     # -- access --------------------------------------------------------------------------
     def check_access(self, request: Request) -> None:
-        """With a token, every request must carry it; without one, only loopback is served.
+        """With a token or keys, every request must carry a credential, loopback too;
+        without either, only loopback is served.
 
-        `Authorization: Bearer <token>`; Basic with the token as password is accepted too,
-        for clients that only know `--creds user:password`.
+        Credentials: `Authorization: Bearer <token>` with the static token or one this
+        server issued (Basic with the token as password is taken too, for clients that only
+        know `--creds user:password`), or a signed URL this server gave out in a Location.
         """
-        if self._token_hash is None:
+        if not self.access.enabled:
             if not _is_loopback(request.client):
                 raise HTTPError(
                     403,
@@ -565,17 +601,72 @@ class RegistryApp:
                     "this server has no token and serves loopback clients only",
                 )
             return
-        given = _credential(request.headers.get("authorization", ""))
-        if given is None or not hmac.compare_digest(_token_hash(given), self._token_hash):
-            raise HTTPError(
-                401,
-                "UNAUTHORIZED",
-                "authentication required",
-                [("WWW-Authenticate", 'Bearer realm="modelfs"')],
-            )
+        header = request.headers.get("authorization", "")
+        given = _credential(header)
+        if given is not None and self.access.bearer_ok(given):
+            return
+        if "signature" in request.query and request.method in READ_ONLY_METHODS:
+            try:
+                self.access.url_ok(
+                    request.raw_path.decode("latin-1"),
+                    request.query.get("expires", ""),
+                    request.query["signature"],
+                )
+            except Refused as exc:
+                log.warning("signed URL from %s refused: %s", request.client, exc)
+                raise self._unauthorized(request, f"signed URL refused: {exc.reason}") from None
+            return
+        if header:
+            log.info("%s %s: credential not accepted", request.client, _show(request))
+        raise self._unauthorized(request, "authentication required")
+
+    def _unauthorized(self, request: Request, message: str) -> HTTPError:
+        """A 401 whose challenge Ollama and Docker clients can follow: an absolute realm on
+        the request's own scheme, host and port (Ollama requires the host, auth.go:60)."""
+        realm = f"{request.scheme}://{request.host}{TOKEN_PATH}"
+        challenge = f'Bearer realm="{realm}",service="{SERVICE}"'
+        parts = request.raw_path.decode("latin-1").split("/")
+        if len(parts) >= 6 and parts[1] == "v2" and parts[-2] in ("manifests", "blobs"):
+            repository = "/".join(parts[2:-2])
+            if _SCOPE_REPO.fullmatch(repository):
+                challenge += f',scope="repository:{repository}:pull"'
+        return HTTPError(401, "UNAUTHORIZED", message, [("WWW-Authenticate", challenge)])
+
+    async def _token(self, request: Request, send: Send) -> None:
+        """The realm: a signed Ollama request, or (Docker's token flow) the static token as
+        Bearer or Basic password, gets a short-lived token for this server."""
+        header = request.headers.get("authorization", "")
+        try:
+            if header.split(" ", 1)[0].lower() in ("bearer", "basic"):
+                given = _credential(header)
+                if given is None or not self.access.static_ok(given):
+                    raise Refused("credential not accepted")
+                key_id = "static"
+            else:
+                key_id = self.access.sign_in(
+                    SignInRequest(
+                        scheme=request.scheme,
+                        host=request.headers.get("host", ""),
+                        raw_path=request.raw_path.decode("latin-1"),
+                        raw_query=request.raw_query,
+                        authorization=header,
+                        client=request.client,
+                    )
+                )
+        except Refused as exc:
+            log.warning("sign-in from %s refused: %s", request.client, exc)
+            raise HTTPError(401, "UNAUTHORIZED", f"sign-in refused: {exc.reason}") from None
+        await self._respond_json(request, send, self.access.issue(key_id))
 
     # -- routing -------------------------------------------------------------------------
     async def _handle(self, request: Request, receive: Receive, send: Send) -> None:
+        if request.raw_path == TOKEN_PATH.encode() and self.access.enabled:
+            if request.method != "GET":
+                raise HTTPError(
+                    405, "UNSUPPORTED", "the token endpoint takes GET", [("Allow", "GET")]
+                )
+            await self._token(request, send)
+            return
         self.check_access(request)
         if request.method not in READ_ONLY_METHODS:
             raise HTTPError(
@@ -647,6 +738,10 @@ class RegistryApp:
                 manifest = await trio.to_thread.run_sync(self._manifest_blob, view, digest)
         else:
             name = name_from_repository(repository, reference)
+            if name.is_default_host and request.headers.get("user-agent", "").startswith(
+                OLLAMA_AGENT
+            ):
+                name = view.for_ollama(name)
             manifest = _resolve_tag(view, name, request.headers.get("accept"), self.prefer)
             vary = True
         digest = manifest.digest
@@ -750,10 +845,13 @@ class RegistryApp:
         size = blob.size
         etag, zstd_etag = _etag(digest), _etag(digest, "+zstd")
         compressible = self.zstd and digest in view.compressible and ZSTD_MIN <= size <= ZSTD_MAX
+        path = request.raw_path.decode("latin-1")
         headers = [
             ("Content-Type", OCTETS),
             (DIGEST_HEADER, str(digest)),
             ("Accept-Ranges", "bytes"),
+            # Where Ollama's parts go, without Authorization (download.go:270, 345).
+            ("Location", self.access.sign_path(path) if self.access.enabled else path),
         ]
         if compressible:
             headers.append(("Vary", "Accept-Encoding"))
@@ -844,7 +942,7 @@ class RegistryApp:
             "bytes_served": s.bytes_served,
             "blobs_served": s.blobs_served,
             "manifests_served": s.manifests_served,
-            "auth": "token" if self._token_hash else "loopback",
+            "auth": self.access.kind,
             **(self.extra_status() if self.extra_status else {}),
         }
 

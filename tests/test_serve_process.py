@@ -190,7 +190,8 @@ def test_token_file(demo: DemoStore, tmp_path: Path) -> None:
     with served(demo.root, "--token-file", str(token_file)) as (url, _):
         assert curl_status(f"{url}/v2/") == 401
         r = curl("-D", "-", "-o", os.devnull, f"{url}/v2/")
-        assert 'www-authenticate: bearer realm="modelfs"' in r.stdout.decode().lower()
+        realm = f'www-authenticate: bearer realm="{url}/modelfs/v1/token",service="modelfs"'
+        assert realm in r.stdout.decode().lower()
         assert curl_status("-H", "Authorization: Bearer wrong", f"{url}/v2/") == 401
         assert curl_status("-H", "Authorization: Bearer t0ken-abc", f"{url}/v2/") == 200
         assert curl_status("-u", "me:t0ken-abc", f"{url}/v2/_catalog") == 200

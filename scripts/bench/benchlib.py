@@ -192,6 +192,72 @@ def bindfs_mount(source: Path, mountpoint: Path, log: Path | None = None) -> Fus
     return FuseMount(argv, mountpoint, "bindfs", log=log)
 
 
+# -- servers and pulls -------------------------------------------------------------------------
+def start_server(
+    store: Path, kind: str = "serve", extra: Sequence[str] = ()
+) -> tuple[subprocess.Popen[bytes], str]:
+    """`modelfs serve` (or tests/fakepeer.py) on 127.0.0.1:0: the process and its URL."""
+    import select
+
+    if kind == "serve":
+        argv = [str(MODELFS), "serve", "-q", "--store", str(store), "--listen", "127.0.0.1:0"]
+    else:
+        argv = [sys.executable, "-m", "tests.fakepeer", "--store", str(store)]
+    proc = subprocess.Popen(
+        [*argv, *extra], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=REPO
+    )
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], 30)
+    line = proc.stdout.readline().decode().strip() if ready else ""
+    if not line.startswith("listening on "):
+        proc.kill()
+        raise SystemExit(f"bench: {argv[1]} did not start ({line!r})")
+    return proc, line.removeprefix("listening on ")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def pull_once(
+    url: str, name: str, target: Path, big: str, extra: Sequence[str] = ()
+) -> tuple[float, float, int, float]:
+    """`modelfs pull NAME --from URL --json` into an empty `target`: (process seconds,
+    big-blob seconds from its first progress line to `success`, bytes fetched, CPU s)."""
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    t0 = time.perf_counter()
+    argv = [str(MODELFS), "pull", "-q", "--store", str(target), name, "--from", url, "--json"]
+    proc = subprocess.Popen([*argv, *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    blob_start = blob_end = None
+    totals: dict[str, int] = {}
+    for raw in proc.stdout:
+        now = time.perf_counter()
+        line = json.loads(raw)
+        digest = line.get("digest")
+        if digest is not None:
+            totals[digest] = line["total"]
+            if digest == big and blob_start is None:
+                blob_start = now
+        if line.get("status") == "success":
+            blob_end = now
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0 or blob_start is None or blob_end is None:
+        err = proc.stderr.read().decode() if proc.stderr else ""
+        raise SystemExit(f"bench: modelfs pull failed ({proc.returncode}): {err.strip()}")
+    cpu = usage.ru_utime + usage.ru_stime
+    return wall, blob_end - blob_start, sum(totals.values()), cpu
+
+
 # -- stores ------------------------------------------------------------------------------------
 def tiny_gguf(name: str, n: int) -> bytes:
     """A valid GGUF v3 file with no tensors and a few keys, so header readers succeed."""
