@@ -71,15 +71,16 @@ def vit_blocks(
     blocks: int,
     width: int,
     ff: int,
-    names: tuple[str, str, str, str],
+    names: tuple[str, str, str, str, str],
     *,
     gate: str | None = None,
+    bias: bool = True,
     norm_bias: bool = True,
 ) -> list[Tensor]:
-    """`blocks` ViT blocks: q, k, v and output projections and an MLP of `ff` (each with a
-    bias), two norms; `names` = (attention output, first norm, MLP in, MLP out) as the
-    family's file names them (the norms' second name follows from the first)."""
-    out, norm, up, down = names
+    """`blocks` ViT blocks: q, k, v and output projections and an MLP of `ff`, two norms;
+    `names` = (attention output, first norm, second norm, MLP in, MLP out) as the family's
+    file names them."""
+    out, norm1, norm2, up, down = names
     ts: list[Tensor] = []
     for b in range(blocks):
         p = f"v.blk.{b}."
@@ -95,11 +96,10 @@ def vit_blocks(
             linear.append((gate, ff, width))
         for i, (name, rows, cols) in enumerate(linear):
             seed = 100 * b + 2 * i
-            ts += [
-                (f"{p}{name}.weight", f16(rows, cols, seed=seed) * 0.1),
-                (f"{p}{name}.bias", f32(rows, seed=seed + 1) * 0.1),
-            ]
-        for i, name in enumerate((norm, norm[:-1] + "2")):
+            ts.append((f"{p}{name}.weight", f16(rows, cols, seed=seed) * 0.1))
+            if bias:
+                ts.append((f"{p}{name}.bias", f32(rows, seed=seed + 1) * 0.1))
+        for i, name in enumerate((norm1, norm2)):
             ts.append((f"{p}{name}.weight", f32(width, seed=100 * b + 50 + i)))
             if norm_bias:
                 ts.append((f"{p}{name}.bias", f32(width, seed=100 * b + 60 + i) * 0.1))
@@ -158,7 +158,9 @@ def gemma3(tiny: TinyStore, tmp_path: Path) -> Family:
         # HF's mm_input_projection_weight is [vision, text]; llama.cpp transposes it.
         ("mm.mm_input_projection.weight", f16(width, TEXT, seed=92)),
         ("mm.mm_soft_emb_norm.weight", f32(width, seed=93)),
-        *vit_blocks(1, width, ff, ("attn_output", "layer_norm1", "mlp.fc2", "mlp.fc1")),
+        *vit_blocks(
+            1, width, ff, ("attn_output", "layer_norm1", "layer_norm2", "mlp.fc2", "mlp.fc1")
+        ),
     ]
     src = gemma3_runnable(tmp_path, vision, vision_kvs)
     cfg = {"model_format": "gguf", "model_family": "gemma3", "file_type": "F32"}
@@ -206,7 +208,7 @@ def llava(tiny: TinyStore, tmp_path: Path) -> Family:
         ("mm.0.bias", f32(TEXT, seed=6)),
         ("mm.2.weight", f16(TEXT, TEXT, seed=7)),
         ("mm.2.bias", f32(TEXT, seed=8)),
-        *vit_blocks(2, width, ff, ("attn_out", "ln1", "ffn_up", "ffn_down")),
+        *vit_blocks(2, width, ff, ("attn_out", "ln1", "ln2", "ffn_up", "ffn_down")),
     ]
     projector = llava_projector(tmp_path, *clip_kvs, width=width, blocks=2, tensors=clip_ts)
     layers = [
@@ -257,7 +259,7 @@ def qwen25vl(tiny: TinyStore, tmp_path: Path) -> Family:
             blocks,
             width,
             ff,
-            ("attn_out", "ln1", "ffn_up", "ffn_down"),
+            ("attn_out", "ln1", "ln2", "ffn_up", "ffn_down"),
             gate="ffn_gate",
             norm_bias=False,
         ),
@@ -268,9 +270,57 @@ def qwen25vl(tiny: TinyStore, tmp_path: Path) -> Family:
     return Family("qwen2.5vl:tiny", 9, "model.gguf")
 
 
+def mistral3(tiny: TinyStore, tmp_path: Path) -> Family:
+    """A Mistral Small 3.1 style mistral3 with its Pixtral tower inline, as Ollama's converter
+    names it (ollama/ollama fb30760 convert/convert_mistral.go:142-173): no biases, RMS norms,
+    2D RoPE, a 2x2 patch merger. llama.cpp resizes the 64-pixel bitmap to 96 (8 tokens at
+    least): 6x6 16-pixel patches merged to 3x3, an [IMG_BREAK] after each row but the last."""
+    vocab = _bpe_vocab(("<unk>", "<s>", "</s>", "[IMG]", "[IMG_BREAK]", "[IMG_END]"))
+    width, ff = 32, 64
+    kvs: list[KV] = [
+        *text_kvs("mistral3", 2, 1, 128),
+        ("mistral3.rope.freq_base", 1e6, V.FLOAT32),
+        ("mistral3.spatial_merge_size", 2, V.UINT32),
+        ("mistral3.vision.block_count", 1, V.UINT32),
+        ("mistral3.vision.embedding_length", width, V.UINT32),
+        ("mistral3.vision.feed_forward_length", ff, V.UINT32),
+        ("mistral3.vision.attention.head_count", 2, V.UINT32),
+        ("mistral3.vision.image_size", 64, V.UINT32),
+        ("mistral3.vision.patch_size", 16, V.UINT32),
+        ("mistral3.vision.num_channels", 3, V.UINT32),
+        ("mistral3.vision.rope.freq_base", 10000.0, V.FLOAT32),
+        *bpe_tokenizer(vocab, "tekken", eos=vocab.specials["</s>"], bos=vocab.specials["<s>"]),
+    ]
+    ts = [
+        *text_tensors(len(vocab.tokens), 2, 1, 128, qkv_bias=False),
+        ("v.patch_conv.weight", f16(width, 3, 16, 16, seed=90)),
+        ("v.encoder_norm.weight", f32(width, seed=91)),
+        ("mm.norm.weight", f32(width, seed=92)),
+        ("mm.patch_merger.merging_layer.weight", f16(width, 4 * width, seed=93) * 0.1),
+        ("mm.linear_1.weight", f16(TEXT, width, seed=94) * 0.1),
+        ("mm.linear_2.weight", f16(TEXT, TEXT, seed=95) * 0.1),
+        *vit_blocks(
+            1,
+            width,
+            ff,
+            ("attn_output", "attn_norm", "ffn_norm", "ffn_up", "ffn_down"),
+            gate="ffn_gate",
+            bias=False,
+            norm_bias=False,
+        ),
+    ]
+    src = write_gguf(tmp_path / "mistral3.gguf", "mistral3", kvs, ts)
+    cfg = {"model_format": "gguf", "model_family": "mistral3", "file_type": "F32"}
+    tiny.legacy(
+        "mistral-small3.1:tiny", tiny.manifest([tiny.layer("model", src.read_bytes())], cfg)
+    )
+    return Family("mistral-small3.1:tiny", 11, "model.gguf")
+
+
 FAMILIES: dict[str, Callable[[TinyStore, Path], Family]] = {
     "gemma3": gemma3,
     "llava": llava,
+    "mistral3": mistral3,
     "qwen25vl": qwen25vl,
 }
 
