@@ -5,8 +5,9 @@ llama.cpp fails one test rather than the test run:
 
     python -m tests.mtmd_probe MODEL MMPROJ [--size WxH]
 
-prints one JSON line: {"loaded": bool, "chunks": n, "images": [{"tokens", "n_embd",
-"finite"}], "n_embd_text": n}; exits 0 whether or not llama.cpp accepted the files.
+prints one JSON line, `MTMD {"loaded": bool, "text_model": bool, "vision": bool,
+"n_embd_text": n, "n_embd_inp": n, "images": [{"tokens", "finite", "nonzero"}]}`; exits 0
+whether or not llama.cpp accepted the files.
 """
 
 from __future__ import annotations
@@ -40,12 +41,14 @@ def probe(model_path: str, mmproj_path: str, width: int, height: int) -> dict[st
             "loaded": bool(ctx),
             "text_model": True,
             "n_embd_text": llama_cpp.llama_model_n_embd(model),
+            # What one image embedding is wide: the text width, times (1 + deepstack layers).
+            "n_embd_inp": llama_cpp.llama_model_n_embd_inp(model),
         }
         if not ctx:
             return out
         try:
             out["vision"] = bool(mtmd.mtmd_support_vision(ctx))
-            out["images"] = _encode_one(mtmd, ctx, width, height, out["n_embd_text"])
+            out["images"] = _encode_one(mtmd, ctx, width, height, out["n_embd_inp"])
         finally:
             mtmd.mtmd_free(ctx)
         return out

@@ -119,15 +119,23 @@ def text_kvs(arch: str, heads: int, kv_heads: int, ff: int) -> list[KV]:
 
 
 def text_tensors(
-    n_vocab: int, heads: int, kv_heads: int, ff: int, *, qkv_bias: bool
+    n_vocab: int,
+    heads: int,
+    kv_heads: int,
+    ff: int,
+    *,
+    qkv_bias: bool,
+    extra: dict[str, tuple[int, ...]] | None = None,
 ) -> list[Tensor]:
     hd = TEXT // heads
-    bias = {
-        "blk.0.attn_q.bias": (heads * hd,),
-        "blk.0.attn_k.bias": (kv_heads * hd,),
-        "blk.0.attn_v.bias": (kv_heads * hd,),
-    }
-    return decoder_tensors(n_vocab, TEXT, heads, kv_heads, ff, extra=bias if qkv_bias else None)
+    more = dict(extra or {})
+    if qkv_bias:
+        more |= {
+            "blk.0.attn_q.bias": (heads * hd,),
+            "blk.0.attn_k.bias": (kv_heads * hd,),
+            "blk.0.attn_v.bias": (kv_heads * hd,),
+        }
+    return decoder_tensors(n_vocab, TEXT, heads, kv_heads, ff, extra=more)
 
 
 @dataclass(frozen=True)
@@ -135,6 +143,7 @@ class Family:
     name: str  # the model's name in the store
     tokens: int  # embeddings one image encodes to
     raw_projector: str  # the file as Ollama stores it, which llama.cpp refuses
+    embd: int = TEXT  # the width of one image embedding
 
 
 def gemma3(tiny: TinyStore, tmp_path: Path) -> Family:
@@ -317,11 +326,81 @@ def mistral3(tiny: TinyStore, tmp_path: Path) -> Family:
     return Family("mistral-small3.1:tiny", 11, "model.gguf")
 
 
+def qwen3vl_merger(prefix: str, norm: int, merged: int, seed: int) -> list[Tensor]:
+    """A norm of `norm` wide, then linear_fc1 and linear_fc2 from `merged` onto the text."""
+    return [
+        (f"{prefix}.norm.weight", f32(norm, seed=seed)),
+        (f"{prefix}.norm.bias", f32(norm, seed=seed + 1)),
+        (f"{prefix}.linear_fc1.weight", f16(merged, merged, seed=seed + 2) * 0.1),
+        (f"{prefix}.linear_fc1.bias", f32(merged, seed=seed + 3)),
+        (f"{prefix}.linear_fc2.weight", f16(TEXT, merged, seed=seed + 4) * 0.1),
+        (f"{prefix}.linear_fc2.bias", f32(TEXT, seed=seed + 5)),
+    ]
+
+
+def qwen3vl(tiny: TinyStore, tmp_path: Path) -> Family:
+    """A Qwen3-VL (dense) with its tower inline in Ollama's layout: q, k, v apart, the
+    two-frame patch embedding packed in one tensor, a learned 4x4 position grid, one
+    deepstack adapter (block 1 of 2), the merger under v.merger.; 16-pixel patches merged
+    2x2. llama.cpp resizes the 64-pixel bitmap to 96 (8 tokens at least): 3x3 tokens, each
+    twice the text width (the deepstack features ride along)."""
+    vocab = _bpe_vocab(
+        ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>")
+    )
+    width, ff, blocks, patch = 32, 64, 2, 16
+    merged = 4 * width
+    kvs: list[KV] = [
+        *text_kvs("qwen3vl", 2, 1, 128),
+        ("qwen3vl.rope.freq_base", 5e6, V.FLOAT32),
+        ("qwen3vl.attention.key_length", TEXT // 2, V.UINT32),
+        ("qwen3vl.attention.value_length", TEXT // 2, V.UINT32),
+        ("qwen3vl.vision.block_count", blocks, V.UINT32),
+        ("qwen3vl.vision.embedding_length", width, V.UINT32),
+        ("qwen3vl.vision.attention.head_count", 2, V.UINT32),
+        ("qwen3vl.vision.attention.layer_norm_epsilon", 1e-6, V.FLOAT32),
+        ("qwen3vl.vision.patch_size", patch, V.UINT32),
+        ("qwen3vl.vision.spatial_merge_size", 2, V.UINT32),
+        ("qwen3vl.vision.num_channels", 3, V.UINT32),
+        ("qwen3vl.vision.deepstack_visual_indexes", [1], V.ARRAY, V.INT32),
+        ("qwen3vl.vision.shortest_edge", 64 * 64, V.UINT32),
+        ("qwen3vl.vision.longest_edge", 256 * 256, V.UINT32),
+        *bpe_tokenizer(vocab, "qwen2", eos=vocab.specials["<|im_end|>"]),
+    ]
+    ts = [
+        *text_tensors(
+            len(vocab.tokens),
+            2,
+            1,
+            128,
+            qkv_bias=False,
+            extra={
+                "blk.0.attn_q_norm.weight": (TEXT // 2,),
+                "blk.0.attn_k_norm.weight": (TEXT // 2,),
+            },
+        ),
+        # numpy [c_out * c_in, frames, h, w]
+        ("v.patch_embed.weight", f16(width * 3, 2, patch, patch, seed=90) * 0.1),
+        ("v.patch_embed.bias", f32(width, seed=91)),
+        ("v.pos_embed.weight", f16(16, width, seed=92)),
+        # The merger norms each patch before the 2x2 merge, a deepstack adapter after it.
+        *qwen3vl_merger("v.merger", width, merged, seed=93),
+        *qwen3vl_merger("v.deepstack_merger.0", merged, merged, seed=80),
+        *vit_blocks(
+            blocks, width, ff, ("attn_out", "norm1", "norm2", "mlp.linear_fc1", "mlp.linear_fc2")
+        ),
+    ]
+    src = write_gguf(tmp_path / "qwen3vl.gguf", "qwen3vl", kvs, ts)
+    cfg = {"model_format": "gguf", "model_family": "qwen3vl", "file_type": "F32"}
+    tiny.legacy("qwen3-vl:tiny", tiny.manifest([tiny.layer("model", src.read_bytes())], cfg))
+    return Family("qwen3-vl:tiny", 9, "model.gguf", 2 * TEXT)
+
+
 FAMILIES: dict[str, Callable[[TinyStore, Path], Family]] = {
     "gemma3": gemma3,
     "llava": llava,
     "mistral3": mistral3,
     "qwen25vl": qwen25vl,
+    "qwen3vl": qwen3vl,
 }
 
 
@@ -340,6 +419,7 @@ def test_llama_cpp_encodes_an_image_with_the_mounted_projector_view(
         got = probe(text, d / "llama.cpp" / "mmproj.gguf")
         assert got["loaded"] and got["vision"], got["log"][-3000:]
         assert got["n_embd_text"] == TEXT
+        assert got["n_embd_inp"] == fam.embd
         assert got["images"] == [{"tokens": fam.tokens, "finite": True, "nonzero": True}]
         # What the view is for: the projector as Ollama stores it, llama.cpp refuses.
         raw = probe(text, d / fam.raw_projector)
