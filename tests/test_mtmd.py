@@ -141,7 +141,7 @@ def text_tensors(
 @dataclass(frozen=True)
 class Family:
     name: str  # the model's name in the store
-    tokens: int  # embeddings one image encodes to
+    images: tuple[int, ...]  # the image chunks llama.cpp makes of one bitmap: their tokens
     raw_projector: str  # the file as Ollama stores it, which llama.cpp refuses
     embd: int = TEXT  # the width of one image embedding
 
@@ -174,7 +174,7 @@ def gemma3(tiny: TinyStore, tmp_path: Path) -> Family:
     src = gemma3_runnable(tmp_path, vision, vision_kvs)
     cfg = {"model_format": "gguf", "model_family": "gemma3", "file_type": "F32"}
     tiny.legacy("gemma3:vision", tiny.manifest([tiny.layer("model", src.read_bytes())], cfg))
-    return Family("gemma3:vision", 1, "model.gguf")
+    return Family("gemma3:vision", (1,), "model.gguf")
 
 
 def llava(tiny: TinyStore, tmp_path: Path) -> Family:
@@ -226,7 +226,7 @@ def llava(tiny: TinyStore, tmp_path: Path) -> Family:
     ]
     cfg = {"model_format": "gguf", "model_family": "llama", "file_type": "F32"}
     tiny.legacy("llava:tiny", tiny.manifest(layers, cfg))
-    return Family("llava:tiny", 4, "mmproj.gguf")
+    return Family("llava:tiny", (4,), "mmproj.gguf")
 
 
 def qwen25vl(tiny: TinyStore, tmp_path: Path) -> Family:
@@ -276,7 +276,7 @@ def qwen25vl(tiny: TinyStore, tmp_path: Path) -> Family:
     src = write_gguf(tmp_path / "qwen25vl.gguf", "qwen25vl", kvs, ts)
     cfg = {"model_format": "gguf", "model_family": "qwen25vl", "file_type": "F32"}
     tiny.legacy("qwen2.5vl:tiny", tiny.manifest([tiny.layer("model", src.read_bytes())], cfg))
-    return Family("qwen2.5vl:tiny", 9, "model.gguf")
+    return Family("qwen2.5vl:tiny", (9,), "model.gguf")
 
 
 def mistral3(tiny: TinyStore, tmp_path: Path) -> Family:
@@ -323,7 +323,7 @@ def mistral3(tiny: TinyStore, tmp_path: Path) -> Family:
     tiny.legacy(
         "mistral-small3.1:tiny", tiny.manifest([tiny.layer("model", src.read_bytes())], cfg)
     )
-    return Family("mistral-small3.1:tiny", 11, "model.gguf")
+    return Family("mistral-small3.1:tiny", (11,), "model.gguf")
 
 
 def qwen3vl_merger(prefix: str, norm: int, merged: int, seed: int) -> list[Tensor]:
@@ -392,11 +392,74 @@ def qwen3vl(tiny: TinyStore, tmp_path: Path) -> Family:
     src = write_gguf(tmp_path / "qwen3vl.gguf", "qwen3vl", kvs, ts)
     cfg = {"model_format": "gguf", "model_family": "qwen3vl", "file_type": "F32"}
     tiny.legacy("qwen3-vl:tiny", tiny.manifest([tiny.layer("model", src.read_bytes())], cfg))
-    return Family("qwen3-vl:tiny", 9, "model.gguf", 2 * TEXT)
+    return Family("qwen3-vl:tiny", (9,), "model.gguf", 2 * TEXT)
+
+
+def llama4(tiny: TinyStore, tmp_path: Path) -> Family:
+    """A llama4 with its ViT inline in Ollama's layout: a linear patch embedding, a class
+    embedding, 2D RoPE, pixel shuffle by 2 into a 2-layer adapter and a projection; one dense
+    text block (MoE every 2nd). llama.cpp cuts the 64-pixel bitmap into 3x3 tiles of 28
+    pixels plus an overview, each a chunk of 2x2 patches shuffled into 1 token."""
+    vocab = _bpe_vocab(
+        (
+            "<|begin_of_text|>",
+            "<|end_of_text|>",
+            "<|image_start|>",
+            "<|image_end|>",
+            "<|image|>",
+            "<|patch|>",
+            "<|tile_x_separator|>",
+            "<|tile_y_separator|>",
+        )
+    )
+    width, ff, patch, adapter = 32, 64, 14, 64
+    kvs: list[KV] = [
+        *text_kvs("llama4", 2, 1, 128),
+        ("llama4.rope.freq_base", 5e5, V.FLOAT32),
+        ("llama4.rope.dimension_count", TEXT // 2, V.UINT32),
+        ("llama4.expert_count", 1, V.UINT32),
+        ("llama4.expert_used_count", 1, V.UINT32),
+        ("llama4.interleave_moe_layer_step", 2, V.UINT32),
+        ("llama4.expert_feed_forward_length", 128, V.UINT32),
+        ("llama4.vision.block_count", 1, V.UINT32),
+        ("llama4.vision.embedding_length", width, V.UINT32),
+        ("llama4.vision.feed_forward_length", ff, V.UINT32),
+        ("llama4.vision.attention.head_count", 2, V.UINT32),
+        ("llama4.vision.image_size", 2 * patch, V.UINT32),
+        ("llama4.vision.patch_size", patch, V.UINT32),
+        ("llama4.vision.layer_norm_epsilon", 1e-5, V.FLOAT32),
+        ("llama4.vision.pixel_shuffle_ratio", 0.5, V.FLOAT32),
+        *bpe_tokenizer(
+            vocab,
+            "llama-bpe",
+            eos=vocab.specials["<|end_of_text|>"],
+            bos=vocab.specials["<|begin_of_text|>"],
+        ),
+    ]
+    ts = [
+        *text_tensors(len(vocab.tokens), 2, 1, 128, qkv_bias=False),
+        ("v.patch_embedding.weight", f16(width, 3 * patch * patch, seed=90) * 0.1),
+        ("v.class_embedding", f32(width, seed=91)),
+        # F32, as Ollama writes it (ollama/ollama fb30760 convert/reader.go:50).
+        ("v.positional_embedding_vlm", f32(5, width, seed=92)),
+        ("v.layernorm_pre.weight", f32(width, seed=93)),
+        ("v.layernorm_pre.bias", f32(width, seed=94)),
+        ("v.layernorm_post.weight", f32(width, seed=95)),
+        ("v.layernorm_post.bias", f32(width, seed=96)),
+        ("v.vision_adapter.mlp.fc1.weight", f16(adapter, 4 * width, seed=97) * 0.1),
+        ("v.vision_adapter.mlp.fc2.weight", f16(adapter, adapter, seed=98) * 0.1),
+        ("mm.linear_1.weight", f16(TEXT, adapter, seed=99) * 0.1),
+        *vit_blocks(1, width, ff, ("attn_output", "attn_norm", "ffn_norm", "mlp.fc1", "mlp.fc2")),
+    ]
+    src = write_gguf(tmp_path / "llama4.gguf", "llama4", kvs, ts)
+    cfg = {"model_format": "gguf", "model_family": "llama4", "file_type": "F32"}
+    tiny.legacy("llama4:tiny", tiny.manifest([tiny.layer("model", src.read_bytes())], cfg))
+    return Family("llama4:tiny", (1,) * 10, "model.gguf")
 
 
 FAMILIES: dict[str, Callable[[TinyStore, Path], Family]] = {
     "gemma3": gemma3,
+    "llama4": llama4,
     "llava": llava,
     "mistral3": mistral3,
     "qwen25vl": qwen25vl,
@@ -420,7 +483,7 @@ def test_llama_cpp_encodes_an_image_with_the_mounted_projector_view(
         assert got["loaded"] and got["vision"], got["log"][-3000:]
         assert got["n_embd_text"] == TEXT
         assert got["n_embd_inp"] == fam.embd
-        assert got["images"] == [{"tokens": fam.tokens, "finite": True, "nonzero": True}]
+        assert got["images"] == [{"tokens": n, "finite": True, "nonzero": True} for n in fam.images]
         # What the view is for: the projector as Ollama stores it, llama.cpp refuses.
         raw = probe(text, d / fam.raw_projector)
         assert raw["text_model"] and not raw["loaded"]
