@@ -4,13 +4,15 @@ For each clip family, a tiny but complete model in Ollama's layout (every tensor
 family's clip graph reads, shapes as upstream's converter writes them) is put in a store and
 mounted; `mtmd_init_from_file` (libmtmd, through llama-cpp-python) must accept the mounted
 `llama.cpp/mmproj.gguf` with the mounted text model and encode one generated bitmap into as
-many embeddings as the family's geometry gives, each of the text model's width. The file
-as Ollama stores it is refused. llama.cpp runs in a process of its own (tests/mtmd_probe.py).
+many embeddings as the family's geometry gives, each as wide as the text model's input. The
+file as Ollama stores it is refused. llama.cpp runs in a process of its own
+(tests/mtmd_probe.py).
 
 What each clip graph reads is from llama.cpp 0c1e570 (the copy llama-cpp-python 0.3.36
-builds): tools/mtmd/clip.cpp `load_tensors`, tools/mtmd/models/siglip.cpp (gemma3),
-llava.cpp (mlp), qwen2vl.cpp (qwen2.5vl_merger). Ollama's names for Qwen2.5-VL are from
-ollama/ollama fb30760 convert/convert_qwen25vl.go:65-105 and convert/convert_qwen2.go:65-80.
+builds): tools/mtmd/clip.cpp `load_tensors`, and tools/mtmd/models/siglip.cpp (gemma3),
+llava.cpp (mlp), pixtral.cpp (mistral3), llama4.cpp, qwen2vl.cpp (qwen2.5vl_merger),
+qwen3vl.cpp (qwen3vl_merger). Ollama's names for Qwen2.5-VL are from ollama/ollama fb30760
+convert/convert_qwen25vl.go:65-105 and convert/convert_qwen2.go:65-80.
 """
 
 from __future__ import annotations
