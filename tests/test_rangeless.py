@@ -78,20 +78,41 @@ def slow_peer(directory: Path, rate: str) -> Iterator[str]:
     )
 
 
-def test_a_partial_with_holes_is_finished_from_python_http_server(
-    tmp_path: Path, src: tuple[TinyStore, bytes, Digest, Path]
-) -> None:
-    tiny, payload, big, www = src
-    b = Layout(tmp_path / "b")
-    # What an interrupted parallel pull leaves: finished ranges with a hole between them.
-    p = PartialBlob.open(b, big, SIZE)
+def plant_partial(b: Layout, payload: bytes, digest: Digest) -> None:
+    """What an interrupted parallel pull leaves: finished ranges with a hole between them,
+    written and listed the way sync.partial does, by a process that is gone."""
+    p = PartialBlob.open(b, digest, len(payload))
     done = [(0, 2 * MiB), (5 * MiB, 6 * MiB)]
     for start, end in done:
         os.pwrite(p.fd, payload[start:end], start)
     p.checkpoint(RangeSet(done))
     p.close()
-    p.lock_path.unlink()  # its process is gone
+    p.lock_path.unlink()
+
+
+def test_a_partial_with_holes_is_finished_from_python_http_server(
+    tmp_path: Path, src: tuple[TinyStore, bytes, Digest, Path]
+) -> None:
+    tiny, payload, big, www = src
+    b = Layout(tmp_path / "b")
+    plant_partial(b, payload, big)
     with http_server(www) as url:
+        r = cli_pull(b.root, NAME, "--from", url)
+    assert r.returncode == 0, r.stderr
+    assert tree(b.root) == tree(tiny.root)
+    assert assert_store_sound(b.root) == []
+
+
+def test_a_partial_is_finished_from_a_chunked_peer_that_ignores_range(
+    tmp_path: Path, src: tuple[TinyStore, bytes, Digest, Path]
+) -> None:
+    """Chunked answers go through httpx (sync.pull `_receive_httpx_range`), which drops the
+    prefix of each whole-blob answer."""
+    tiny, payload, big, www = src
+    b = Layout(tmp_path / "b")
+    plant_partial(b, payload, big)
+    argv = [sys.executable, "-m", "tests.rangeless_peer", "--directory", str(www), "--chunked"]
+    with server(argv) as url:
         r = cli_pull(b.root, NAME, "--from", url)
     assert r.returncode == 0, r.stderr
     assert tree(b.root) == tree(tiny.root)
