@@ -118,7 +118,12 @@ class Conn:
 
 
 class RangeBody:
-    """The body of one 200/206 blob response on a blocking socket; `readinto` until 0."""
+    """The body of one 200/206 blob response on a blocking socket; `readinto` until 0.
+
+    `pos` is the blob offset of the next byte. A 206 starts at the range asked for; a 200
+    (a peer that ignores Range: a plain web server, some proxies) is `whole`, from byte 0,
+    and the caller reads only as far as it wants, `skip_to` its next range, and closes it.
+    """
 
     def __init__(
         self,
@@ -130,10 +135,14 @@ class RangeBody:
         stop: threading.Event,
         read_timeout: float,
         keep_alive: bool,
+        pos: int,
+        whole: bool,
     ) -> None:
         self.conn = conn
         self.remaining = remaining
         self.expected = remaining
+        self.pos = pos
+        self.whole = whole
         self.url = url
         self.what = what
         self.stop = stop
@@ -151,6 +160,7 @@ class RangeBody:
             view[:n] = buffered[:n]
             del buffered[:n]
             self.remaining -= n
+            self.pos += n
             return n
         idle_since = time.monotonic()
         while True:
@@ -170,7 +180,20 @@ class RangeBody:
             if n == 0:
                 raise self._truncated("connection closed")
             self.remaining -= n
+            self.pos += n
             return n
+
+    def skip_to(self, offset: int) -> None:
+        """Read and drop the bytes before blob offset `offset` (a no-op at or past it)."""
+        if self.pos >= offset:
+            return
+        scratch = bytearray(min(1 << 20, offset - self.pos))
+        with memoryview(scratch) as view:
+            while self.pos < offset:
+                self.readinto(view[: min(len(view), offset - self.pos)])
+
+    def close(self) -> None:
+        self.conn.close()
 
     def _truncated(self, why: str) -> TruncatedBodyError:
         got = self.expected - self.remaining
@@ -453,7 +476,9 @@ class PeerClient:
         stop: threading.Event,
         conn: Conn | None = None,
     ) -> RangeBody:
-        """Send `GET …/blobs/<digest>` for bytes [start, end) and return the open body.
+        """Send `GET …/blobs/<digest>` for bytes [start, end) and return the open body: a
+        206 of that range, or a 200 of the whole blob (`RangeBody.whole`, at offset 0) from a
+        peer that ignores Range.
 
         Blocking; call it in a worker thread. `conn` is a kept-alive connection from the
         previous range, used when it goes to the same host.
@@ -554,29 +579,23 @@ class PeerClient:
                     raise PeerLiedError(
                         f"{url}: Content-Length {declared} for a {want}-byte range of {what}"
                     )
-            else:
-                if declared != size:
-                    conn.close()
-                    raise PeerLiedError(
-                        f"{url}: Content-Length {declared} for {what}, which is {size} bytes"
-                    )
-                if start != 0:
-                    conn.close()
-                    raise PeerError(f"{url}: ignores Range requests; cannot resume {what}")
-            body = RangeBody(
+            elif declared != size:
+                conn.close()
+                raise PeerLiedError(
+                    f"{url}: Content-Length {declared} for {what}, which is {size} bytes"
+                )
+            # A 200 is the whole blob whatever was asked for: the caller skips to `start`.
+            return RangeBody(
                 conn,
                 want if status == 206 else size,
                 url=url,
                 what=what,
                 stop=stop,
                 read_timeout=self.read_timeout,
-                keep_alive=keep and status == 206,
+                keep_alive=keep,
+                pos=start if status == 206 else 0,
+                whole=status == 200,
             )
-            if status == 200 and end < size:
-                body.keep_alive = False  # we will stop reading early
-                body.remaining = want
-                body.expected = want
-            return body
         raise PeerError(f"{self.url}: more than {MAX_REDIRECTS} redirects for {what}")
 
     def _connect(self, key: tuple[str, str, int], what: str) -> Conn:

@@ -34,7 +34,10 @@ For each name, in order:
      written the file is fsynced; when the sha256 matches it is renamed into `blobs/` with a
      fresh mtime; when it does not, the temp file is deleted. After an interruption (kill
      -9 included) the next run resumes: only ranges the sidecar does not list are fetched,
-     with `Range`, and what is on disk is hashed again from byte 0.
+     with `Range`, and what is on disk is hashed again from byte 0. A peer that ignores
+     `Range` (a plain web server, some proxies) answers 200 with the whole blob: the bytes
+     before each missing range are read and dropped, one stream carries them all, and no
+     more connections are opened.
 3. **Manifests, last**, each only once every blob it names is present with the right size,
    written atomically (temp file in `.modelfs/tmp/`, fsync, rename), byte for byte:
    - a plain manifest: `manifests/<host>/<ns>/<model>/<tag>`, the legacy file every Ollama
@@ -100,6 +103,7 @@ from sync.client import (
     NeedsHttpx,
     PeerClient,
     PeerSession,
+    RangeBody,
     TruncatedBodyError,
     peer_session,
     repositories,
@@ -361,6 +365,9 @@ class _Transfer:
         self.ready: dict[int, _Segment] = {}
         self.write_q: queue.Queue[_Segment | None] = queue.Queue()
         self.hash_wait = 0.0  # seconds the hasher spent waiting for bytes
+        # The peer answered a range with the whole blob (it ignores Range): one stream
+        # carries the rest, and no more connections are opened (each would resend it all).
+        self.whole = False
 
     def take(self) -> _Piece | None:
         with self.cond:
@@ -984,7 +991,8 @@ class Puller:
         digest_hex: list[str] = []
 
         async def receiver() -> None:
-            conn: Conn | None = None
+            # A kept-alive connection, or the open body of a whole-blob answer to go on with.
+            conn: Conn | RangeBody | None = None
             try:
                 while (piece := t.take()) is not None:
                     try:
@@ -1031,7 +1039,7 @@ class Puller:
             rate_before: float | None = None
             while count < most:
                 await trio.sleep(0.5)
-                if t.stop.is_set():
+                if t.stop.is_set() or t.whole:
                     return
                 now, got = time.monotonic(), t.completed()
                 starved = (t.hash_wait - last_wait) / (now - last) > 0.5
@@ -1132,16 +1140,34 @@ class Puller:
         name: Name,
         t: _Transfer,
         piece: _Piece,
-        conn: Conn | None,
-    ) -> Conn | None:
-        """One ranged GET, received into pool buffers, segment by segment (a thread)."""
+        conn: Conn | RangeBody | None,
+    ) -> Conn | RangeBody | None:
+        """One ranged GET, received into pool buffers, segment by segment (a thread).
+
+        A peer that ignores Range answers with the whole blob: the bytes before the piece
+        (on disk already, or another connection's) are read and dropped, and the open body
+        is returned to carry the next piece too, so a resume or a blob cut in ranges costs
+        one pass over the wire. `conn` may be such a body, if it has not passed the piece.
+        """
+        body: RangeBody | None = None
         try:
-            body = peer.open_range(
-                name, t.partial.digest, piece.start, piece.end, t.size, stop=t.stop, conn=conn
-            )
+            if isinstance(conn, RangeBody) and conn.pos <= piece.start:
+                body = conn
+            else:
+                if isinstance(conn, RangeBody):
+                    conn.close()
+                    conn = None
+                body = peer.open_range(
+                    name, t.partial.digest, piece.start, piece.end, t.size, stop=t.stop, conn=conn
+                )
+                if body.whole:
+                    t.whole = True
+            body.skip_to(piece.start)
         except NeedsHttpx:
             raise  # the piece stays active: `_receive_httpx` takes it over
         except BaseException:
+            if body is not None:
+                body.close()
             t.finished(piece)
             raise
         pos = piece.start
@@ -1176,13 +1202,16 @@ class Puller:
             raise
         finally:
             t.finished(piece)
+        if body.whole and body.remaining:
+            return body
         return body.release()  # closed, not kept, if the range was cut short
 
     async def _receive_httpx(
         self, peer: PeerClient, name: Name, t: _Transfer, piece: _Piece
     ) -> None:
         """The same range through httpx, for answers the raw receiver does not take (it is
-        not cut short for another connection)."""
+        not cut short for another connection; a whole-blob answer is read from byte 0 and
+        what comes before the range is dropped)."""
         try:
             await self._receive_httpx_range(peer, name, t, piece.start, piece.end)
         finally:
@@ -1213,10 +1242,15 @@ class Puller:
             with mapped_errors(peer.url, what):
                 async with peer.http.stream("GET", url, headers=headers) as response:
                     raise_for_status(response, what)
-                    if response.status_code == 200 and start != 0:
-                        raise PeerError(f"{url}: ignores Range requests; cannot resume {what}")
+                    skip = 0
+                    if response.status_code == 200:
+                        t.whole = True
+                        skip = start
                     async for chunk in response.aiter_bytes():
                         data = memoryview(chunk)
+                        if skip:
+                            dropped = min(skip, len(data))
+                            data, skip = data[dropped:], skip - dropped
                         while data and pos + filled < end:
                             if buf is None:
                                 get = functools.partial(t.pool.get, last=lambda: True)

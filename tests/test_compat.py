@@ -642,10 +642,45 @@ def test_general_alignment_is_kept(tmp_path: Path) -> None:
 # -- through a real mount, and llama.cpp itself ------------------------------------------
 
 
-def gemma3_runnable(tmp_path: Path) -> Path:
+def decoder_tensors(
+    n_vocab: int,
+    e: int,
+    heads: int,
+    kv_heads: int,
+    ff: int,
+    *,
+    hd: int | None = None,
+    output: bool = True,
+    extra: dict[str, tuple[int, ...]] | None = None,
+) -> list[Tensor]:
+    """One llama-style decoder block of width `e` and the embeddings around it (F32, small
+    values): enough for llama.cpp to load and run a text model. `extra` adds tensors."""
+    hd = hd or e // heads
+    shapes = {
+        "token_embd.weight": (n_vocab, e),
+        "output_norm.weight": (e,),
+        **({"output.weight": (n_vocab, e)} if output else {}),
+        "blk.0.attn_norm.weight": (e,),
+        "blk.0.attn_q.weight": (heads * hd, e),
+        "blk.0.attn_k.weight": (kv_heads * hd, e),
+        "blk.0.attn_v.weight": (kv_heads * hd, e),
+        "blk.0.attn_output.weight": (e, heads * hd),
+        "blk.0.ffn_norm.weight": (e,),
+        "blk.0.ffn_gate.weight": (ff, e),
+        "blk.0.ffn_up.weight": (ff, e),
+        "blk.0.ffn_down.weight": (e, ff),
+        **(extra or {}),
+    }
+    return [(k, f32(*s, seed=i) * 0.02) for i, (k, s) in enumerate(shapes.items())]
+
+
+def gemma3_runnable(
+    tmp_path: Path, vision: Sequence[Tensor] | None = None, vision_kvs: Sequence[KV] = ()
+) -> Path:
     """A tiny but complete gemma3 (one block, F32 weights, an SPM vocabulary) in Ollama's
     layout: vision tensors inline, nested rope names, no rms epsilon, 8 image tokens past
-    the embedding rows. Upstream llama.cpp refuses it; its view loads and generates."""
+    the embedding rows. Upstream llama.cpp refuses it; its view loads and generates.
+    `vision` and `vision_kvs` replace its three vision tensors and add KVs."""
     vocab = _spm_vocab(_GEMMA_SPECIALS)
     n = len(vocab.tokens)
     e, heads, kv_heads, hd, ff = 64, 2, 1, 32, 128
@@ -675,30 +710,32 @@ def gemma3_runnable(tmp_path: Path) -> Path:
         ("tokenizer.ggml.bos_token_id", vocab.specials["<bos>"], V.UINT32),
         ("tokenizer.ggml.eos_token_id", vocab.specials["<eos>"], V.UINT32),
         ("tokenizer.ggml.add_padding_token", False, V.BOOL),
+        *vision_kvs,
     ]
-    shapes = {
-        "token_embd.weight": (n, e),
-        "output_norm.weight": (e,),
-        "blk.0.attn_norm.weight": (e,),
-        "blk.0.attn_q.weight": (heads * hd, e),
-        "blk.0.attn_k.weight": (kv_heads * hd, e),
-        "blk.0.attn_v.weight": (kv_heads * hd, e),
-        "blk.0.attn_output.weight": (e, heads * hd),
-        "blk.0.attn_q_norm.weight": (hd,),
-        "blk.0.attn_k_norm.weight": (hd,),
-        "blk.0.post_attention_norm.weight": (e,),
-        "blk.0.ffn_norm.weight": (e,),
-        "blk.0.ffn_gate.weight": (ff, e),
-        "blk.0.ffn_up.weight": (ff, e),
-        "blk.0.ffn_down.weight": (e, ff),
-        "blk.0.post_ffw_norm.weight": (e,),
-    }
-    ts: list[Tensor] = [(k, f32(*s, seed=i) * 0.02) for i, (k, s) in enumerate(shapes.items())]
-    ts += [
-        ("v.patch_embedding.weight", f16(32, 3, 14, 14, seed=90)),
-        ("v.position_embedding.weight", f16(4, 32, seed=91)),
-        ("mm.mm_input_projection.weight", f16(e, 32, seed=92)),
-    ]
+    ts = decoder_tensors(
+        n,
+        e,
+        heads,
+        kv_heads,
+        ff,
+        hd=hd,
+        output=False,
+        extra={
+            "blk.0.attn_q_norm.weight": (hd,),
+            "blk.0.attn_k_norm.weight": (hd,),
+            "blk.0.post_attention_norm.weight": (e,),
+            "blk.0.post_ffw_norm.weight": (e,),
+        },
+    )
+    ts += (
+        [
+            ("v.patch_embedding.weight", f16(32, 3, 14, 14, seed=90)),
+            ("v.position_embedding.weight", f16(4, 32, seed=91)),
+            ("mm.mm_input_projection.weight", f16(e, 32, seed=92)),
+        ]
+        if vision is None
+        else vision
+    )
     return write_gguf(tmp_path / "gemma3-runnable.gguf", "gemma3", kvs, ts)
 
 
@@ -2109,29 +2146,40 @@ def test_a_later_mount_reads_no_header_until_llama_cpp_is_looked_into(
 
 
 def llava_projector(
-    tmp_path: Path, *extra: KV, vision: bool = True, name: str = "llava-projector"
+    tmp_path: Path,
+    *extra: KV,
+    vision: bool = True,
+    name: str = "llava-projector",
+    width: int = 16,
+    blocks: int = 1,
+    tensors: Sequence[Tensor] | None = None,
 ) -> Path:
     """A LLaVA-style projector as Ollama ships it in a `projector` layer: a clip GGUF with
-    a vision encoder and a LLaVA projector, but no projector type."""
+    a vision encoder and a LLaVA projector, but no projector type. `tensors` replace its
+    few (a tower of `blocks` blocks of `width`)."""
     kvs: list[KV] = [
         ("clip.has_text_encoder", False, V.BOOL),
         ("clip.has_vision_encoder", vision, V.BOOL),
         ("clip.has_llava_projector", True, V.BOOL),
         ("clip.vision.image_size", 28, V.UINT32),
         ("clip.vision.patch_size", 14, V.UINT32),
-        ("clip.vision.embedding_length", 16, V.UINT32),
-        ("clip.vision.block_count", 1, V.UINT32),
+        ("clip.vision.embedding_length", width, V.UINT32),
+        ("clip.vision.block_count", blocks, V.UINT32),
         ("clip.vision.image_mean", CLIP_MEAN, V.ARRAY, V.FLOAT32),
         *extra,
     ]
-    ts: list[Tensor] = [
-        ("v.patch_embd.weight", f16(16, 3, 14, 14, seed=1)),
-        ("v.position_embd.weight", f16(5, 16, seed=2)),
-        ("v.blk.0.attn_q.weight", f16(16, 16, seed=3)),
-        ("mm.0.weight", f16(32, 16, seed=4)),
-        ("mm.0.bias", f32(32, seed=5)),
-        ("mm.2.weight", f16(32, 32, seed=6)),
-    ]
+    ts: list[Tensor] = (
+        [
+            ("v.patch_embd.weight", f16(16, 3, 14, 14, seed=1)),
+            ("v.position_embd.weight", f16(5, 16, seed=2)),
+            ("v.blk.0.attn_q.weight", f16(16, 16, seed=3)),
+            ("mm.0.weight", f16(32, 16, seed=4)),
+            ("mm.0.bias", f32(32, seed=5)),
+            ("mm.2.weight", f16(32, 32, seed=6)),
+        ]
+        if tensors is None
+        else list(tensors)
+    )
     return write_gguf(tmp_path / f"{name}.gguf", "clip", kvs, ts)
 
 

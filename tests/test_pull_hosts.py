@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -166,46 +166,63 @@ def test_fails_over_from_a_dead_and_a_lying_peer(tmp_path: Path) -> None:
 
 
 # -- kill -9 and resume -----------------------------------------------------------------------
+def kill_mid_blob(
+    store: Layout,
+    digest: Digest,
+    argv: list[str],
+    least: int,
+    check: Callable[[], None] = lambda: None,
+) -> int:
+    """Run `modelfs pull --store STORE ARGV…` and kill -9 it once the sidecar of `digest`
+    lists at least `least` bytes from byte 0 (`check` runs at every look meanwhile);
+    returns how many it listed."""
+    sidecar = store.tmp / f"pull-{digest.blob_name}.json"
+    proc = subprocess.Popen(
+        [MODELFS, "pull", "--store", str(store.root), *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=_env(),
+        cwd=REPO,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        done = 0
+        while done < least:
+            assert time.monotonic() < deadline, "no progress"
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            check()
+            try:
+                ranges = json.loads(sidecar.read_bytes())["done"]
+                done = ranges[0][1] if ranges and ranges[0][0] == 0 else 0
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return done
+
+
 def test_kill_9_mid_blob_then_resume(tmp_path: Path) -> None:
     tiny = TinyStore(tmp_path / "a")
     payload = weights(64 * MiB, 7)
     tiny.gguf_model("big:1", payload)
     big = Digest.of_bytes(payload)
     b = Layout(tmp_path / "b")
-    sidecar = b.tmp / f"pull-{big.blob_name}.json"
     log1, log2 = tmp_path / "peer1.jsonl", tmp_path / "peer2.jsonl"
 
+    def sound() -> None:
+        # Never a partial blob in blobs/, never a manifest before its blobs.
+        assert not b.blob(big).exists()
+        assert_no_manifest(b.root)
+        for entry in b.blobs.iterdir() if b.blobs.exists() else ():
+            assert hashlib.sha256(entry.read_bytes()).hexdigest() == entry.name[7:]
+
     with fakepeer(tiny.root, f"throttle=12M@{big.hex[:12]}", log=log1) as slow:
-        proc = subprocess.Popen(
-            [MODELFS, "pull", "--store", str(b.root), "big:1", "--from", slow],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            env=_env(),
-            cwd=REPO,
-        )
-        try:
-            deadline = time.monotonic() + 60
-            done = 0
-            while done < 8 * MiB:
-                assert time.monotonic() < deadline, "no progress"
-                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-                # Never a partial blob in blobs/, never a manifest before its blobs.
-                assert not b.blob(big).exists()
-                assert_no_manifest(b.root)
-                for entry in b.blobs.iterdir() if b.blobs.exists() else ():
-                    assert hashlib.sha256(entry.read_bytes()).hexdigest() == entry.name[7:]
-                try:
-                    ranges = json.loads(sidecar.read_bytes())["done"]
-                    done = ranges[0][1] if ranges and ranges[0][0] == 0 else 0
-                except (OSError, ValueError):
-                    pass
-                time.sleep(0.02)
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        done = kill_mid_blob(b, big, ["big:1", "--from", slow], 8 * MiB, sound)
     assert not b.blob(big).exists()
     assert_no_manifest(b.root)
     left = assert_store_sound(b.root, killed=True)
