@@ -14,7 +14,7 @@ from typing import Any
 
 from store.errors import SafetensorsError
 from store.files import ModelFile
-from store.safetensors import METADATA_KEY, SafetensorsHeader
+from store.safetensors import MAX_HEADER, METADATA_KEY, SafetensorsHeader
 
 MAX_TEXT_LAYER = 1 << 20  # templates, licenses, params: bigger ones are not shown inline
 
@@ -117,8 +117,14 @@ def merge_safetensors(parts: Sequence[tuple[Path, SafetensorsHeader]]) -> Merged
     """One safetensors file holding every tensor of every part, data served from the parts.
 
     Each part's data buffer is copied as one run, so every tensor keeps its exact bytes.
-    Metadata keys on which all parts agree are kept; tensor names must be unique.
+    Metadata keys on which all parts agree are kept; tensor names must be unique. One part
+    is its own merge: the file is the blob as it is, so no header is held in memory (one of
+    a million tensors is 100 MB).
     """
+    if len(parts) == 1:
+        path, header = parts[0]
+        size = header.file_size
+        return MergedSafetensors(b"", (Segment(0, path, 0, size),) if size else (), size)
     entries: dict[str, Any] = {}
     metadata: dict[str, str] | None = None
     layout: list[tuple[Path, int, int]] = []
@@ -144,6 +150,11 @@ def merge_safetensors(parts: Sequence[tuple[Path, SafetensorsHeader]]) -> Merged
     obj.update(entries)
     text = json.dumps(obj, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # readers that mmap like the data 8-byte aligned
+    if len(text) > MAX_HEADER:
+        raise SafetensorsError(
+            f"the merged header would be {len(text)} bytes, over the {MAX_HEADER}-byte limit"
+            " of safetensors readers"
+        )
     header = len(text).to_bytes(8, "little") + text
     segments = []
     start = len(header)
