@@ -156,3 +156,54 @@ def test_show_streams_the_huge_header(huge_root: Path) -> None:
     assert rss_kb < 500 * 1024, f"{rss_kb / 1024:.0f} MB resident"
     # CPU time, not wall time: on a shared machine the wall clock measures the neighbours.
     assert cpu < 10 * CPU_SLACK, f"{cpu:.1f} s of CPU"
+
+
+def test_merged_header_is_what_json_dumps_writes(tmp_path: Path) -> None:
+    """merge_safetensors writes its JSON entry by entry; it must be byte for byte what
+    json.dumps of the whole object would be, odd names included, and a reader takes it."""
+    import json
+
+    from store.views import merge_safetensors
+
+    def part(
+        name: str, tensors: dict[str, tuple[str, list[int], bytes]], meta: dict[str, str]
+    ) -> Path:
+        header: dict[str, object] = {"__metadata__": meta}
+        data = b""
+        for key, (dtype, shape, raw) in tensors.items():
+            header[key] = {
+                "dtype": dtype,
+                "shape": shape,
+                "data_offsets": [len(data), len(data) + len(raw)],
+            }
+            data += raw
+        text = json.dumps(header).encode()
+        path = tmp_path / name
+        path.write_bytes(len(text).to_bytes(8, "little") + text + data)
+        return path
+
+    a = part("a", {'é"\\\n.w': ("U8", [2], b"ab"), "z": ("I16", [], b"\1\0")}, {"k": "v", "q": "1"})
+    b = part("b", {"\u4e2d.w": ("F32", [1, 1], b"\0\0\x80?"), "e": ("U8", [0], b"")}, {"k": "v"})
+    merged = merge_safetensors([(p, read_safetensors_header_path(p)) for p in (a, b)])
+    want = {"__metadata__": {"k": "v"}}
+    base = 0
+    for p in (a, b):
+        h = read_safetensors_header_path(p)
+        for t in h.tensors:
+            want[t.name] = {
+                "dtype": t.dtype,
+                "shape": list(t.shape),
+                "data_offsets": [base + t.begin, base + t.end],
+            }  # type: ignore[assignment]
+        base += h.data_size
+    text = json.dumps(want, separators=(",", ":")).encode()
+    assert merged.header[8:].rstrip(b" ") == text
+    out = tmp_path / "merged.safetensors"
+    out.write_bytes(
+        merged.header
+        + a.read_bytes()[read_safetensors_header_path(a).data_offset :]
+        + b.read_bytes()[read_safetensors_header_path(b).data_offset :]
+    )
+    with safe_open(out, "numpy") as f:
+        assert f.get_tensor('é"\\\n.w').tobytes() == b"ab"
+        assert f.get_tensor("\u4e2d.w").tolist() == [[1.0]]
