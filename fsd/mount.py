@@ -51,7 +51,9 @@ def changed_entries(old: NameTree, new: NameTree) -> Iterable[tuple[int, str]]:
         node, fresh = stack.pop()
         if not node.loaded:
             continue
-        fresh_children = fresh.children if fresh is not None else {}
+        # One whose fill is slow (a huge merged header) is not filled here: its old names
+        # are all invalidated instead, which only costs the kernel a lookup.
+        fresh_children = fresh.children if fresh is not None and not fresh.needs_prepare else {}
         # A snapshot: the request loop may be filling directories of `old` meanwhile.
         for name, child in list(node._children.items()):
             other = fresh_children.get(name)

@@ -110,6 +110,13 @@ class _Handle:
     served: bool = False  # a blob file whose reads the daemon serves
 
 
+async def _prepared(node: DirNode) -> None:
+    """Do the slow part of filling a directory (see DirNode.prepare) in a worker thread, so
+    that other requests go on meanwhile."""
+    if node.needs_prepare:
+        await trio.to_thread.run_sync(node.prepare)
+
+
 def _blobs_read(node: Node) -> tuple[Digest, ...]:
     """The blobs a file's reads come from."""
     if isinstance(node, BlobNode):
@@ -230,6 +237,7 @@ class ModelOperations(pyfuse3.Operations):
         if not isinstance(parent, DirNode):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         text = os.fsdecode(name)
+        await _prepared(parent)
         child = parent.children.get(text)
         if child is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
@@ -270,6 +278,7 @@ class ModelOperations(pyfuse3.Operations):
         node = self._node(inode)
         if not isinstance(node, DirNode):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
+        await _prepared(node)
         fh = next(self._next_fh)
         # A listing is a snapshot, so a tree swap mid-listing cannot skip or repeat names.
         self._dir_handles[fh] = (node, sorted(node.children.items()))

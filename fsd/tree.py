@@ -21,6 +21,7 @@ import gc
 import itertools
 import logging
 import stat
+import threading
 import weakref
 from collections.abc import Callable, Container, Hashable, Iterable
 from dataclasses import dataclass, field
@@ -43,7 +44,7 @@ from store.errors import StoreError
 from store.files import ModelFile, model_files
 from store.manifest import Manifest, clean_text
 from store.names import Name
-from store.safetensors import read_safetensors_header_path
+from store.safetensors import read_header_length, read_safetensors_header_path
 from store.scan import DEFAULT_PREFER, Entry, StoreIndex, Variant
 from store.views import MergedSafetensors, merge_safetensors, read_merged, render_modelfile
 
@@ -52,6 +53,10 @@ log = logging.getLogger(__name__)
 ROOT_INODE = 1
 _V = TypeVar("_V")
 MAX_TEXT_BYTES = 1 << 20  # templates, licenses, params shown inside a Modelfile
+# A model whose tensor blobs' headers add up to more than this gets its `model.safetensors`
+# made in a worker thread when its directory is first looked into, never in a build: a
+# 100 MB header (a million tensors, legal) takes seconds to read and merge.
+EAGER_HEADER_BYTES = 4 << 20
 
 
 class InodeTable:
@@ -103,6 +108,9 @@ class DirNode(Node):
     _children: dict[str, Node] = field(default_factory=dict, repr=False)
     _fill: Callable[[DirNode], None] | None = field(default=None, repr=False)
     _subdirs: int = 0
+    # Slow work the fill needs (a merged header of a huge safetensors blob), to be run in a
+    # worker thread before the first look inside, so the request loop never waits for it.
+    _prepare: Callable[[], None] | None = field(default=None, repr=False)
     mode = stat.S_IFDIR | 0o555
 
     @property
@@ -121,6 +129,18 @@ class DirNode(Node):
     def loaded(self) -> bool:
         """False for a lazy directory nobody has looked into yet."""
         return self._fill is None
+
+    @property
+    def needs_prepare(self) -> bool:
+        """True until `prepare` has run: filling it now would do slow work in the caller."""
+        return self._prepare is not None
+
+    def prepare(self) -> None:
+        """Do the slow part of filling it (safe in a worker thread: it only fills caches)."""
+        prepare = self._prepare
+        if prepare is not None:
+            prepare()
+            self._prepare = None
 
     @property
     def nlink(self) -> int:
@@ -288,6 +308,8 @@ class TreeBuilder:
         self.data = data
         # Merged views depend only on blob contents, so they are cached for the mount's life.
         self.merged: dict[tuple[Digest, ...], MergedSafetensors | str] = {}
+        # One merge of a big header at a time per key, however many directories ask for it.
+        self.merge_locks: dict[tuple[Digest, ...], threading.Lock] = {}
         # So do llama.cpp views of GGUF blobs (None: the blob needs none).
         self.compat: dict[Digest, CompatViews | str | None] = {}
         # ... and the views of separate projector blobs (mmproj.gguf layers).
@@ -348,6 +370,7 @@ class _Build:
         self.merged_links: dict[tuple[Digest, ...], int] = {}
         self.compat_nodes: dict[tuple[Digest, str], CompatNode] = {}
         self.compat_links: dict[tuple[Digest, str], int] = {}
+        self.heavy: dict[tuple[Digest, ...], bool] = {}  # see _merge_is_heavy
         self.nodes: dict[int, Node] | None = {}  # while building; then None
         self.pending: dict[int, Node] = {}  # made lazily before the tree is attached
         self.sink: weakref.ref[NodeSink] | None = None
@@ -541,9 +564,13 @@ class _Build:
         }
         d = self._dir((*holder.path, rel[-1]), entry.mtime_ns, xattrs)
         d.is_model = True
-        if lazy:
+        tensors = _tensor_key(plan.files)
+        heavy = self._merge_is_heavy(tensors)
+        if lazy or heavy:
             d._fill = functools.partial(self._fill_lazy, entry, v)
             d._subdirs = plan.subdirs + (1 if self._shows_compat(plan, v) else 0)
+            if heavy:
+                d._prepare = functools.partial(self._prepare_merged, plan.files)
         else:
             self._fill_model(entry, v, d)
         holder._children[rel[-1]] = d
@@ -553,7 +580,6 @@ class _Build:
                 blob.links += 1
         if plan.config is not None:
             plan.config.links += 1
-        tensors = _tensor_key(plan.files)
         if tensors:
             self.merged_links[tensors] = self.merged_links.get(tensors, 0) + 1
         for key in self._compat_shape(plan, v)[0]:
@@ -638,6 +664,32 @@ class _Build:
         except OSError:
             return None
         return clean_text(data[:MAX_TEXT_BYTES].decode("utf-8", "replace"))
+
+    def _merge_is_heavy(self, key: tuple[Digest, ...]) -> bool:
+        """Whether the merged view of these tensor blobs is still to be made and would read
+        more than EAGER_HEADER_BYTES of headers (from each blob's 8-byte length prefix)."""
+        if not key or key in self.merged:
+            return False
+        heavy = self.heavy.get(key)
+        if heavy is None:
+            total = 0
+            for digest in key:
+                info = self.index.blob_info(digest)
+                if info is None:
+                    continue  # made at once: "a tensor blob is missing"
+                try:
+                    total += read_header_length(self.index.layout.blob(digest))
+                except OSError:
+                    continue  # its error is the merge's to report
+                if total > EAGER_HEADER_BYTES:
+                    break
+            heavy = self.heavy[key] = total > EAGER_HEADER_BYTES
+        return heavy
+
+    def _prepare_merged(self, files: list[ModelFile]) -> None:
+        key = _tensor_key(files)
+        with self.builder.merge_locks.setdefault(key, threading.Lock()):
+            self._merged_view(files)
 
     def _merged_view(self, files: list[ModelFile]) -> MergedSafetensors | str:
         tensors = [f for f in files if f.layer.kind == "tensor"]

@@ -317,7 +317,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
         prefer=args.prefer, all_variants=args.all_variants, read_timeout=args.timeout
     )
     try:
-        run_pull(
+        report = run_pull(
             root,
             args.names,
             sources,
@@ -328,6 +328,14 @@ def cmd_pull(args: argparse.Namespace) -> int:
     except (StoreError, SyncError) as exc:
         progress.error(_one_line(str(exc)))
         raise
+    if report.failed:
+        # Each failure was said as it happened; the summary says where the run ended.
+        for result in report.models:
+            log.warning("pulled:     %s", result.name)
+        for _, exc in report.failed:
+            log.warning("NOT pulled: %s", _one_line(str(exc)))
+        names = ", ".join(text for text, _ in report.failed)
+        raise UserError(f"{len(report.failed)} of {len(args.names)} models not pulled: {names}")
     return 0
 
 

@@ -30,7 +30,7 @@ counted as tensors; tensors with no quant type are grouped by dtype.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -104,6 +104,14 @@ def quantization_breakdown_safetensors(headers: Iterable[SafetensorsHeader]) -> 
     for header in headers:
         meta = header.metadata
         blob_quant = _quant_type(meta.get("quant_type"))
+        if not blob_quant and not any(k.endswith(".quant_type") for k in meta):
+            # Plain dtypes, every tensor its own row: no owner to look up (a third of
+            # `modelfs show` on a header of a million tensors).
+            for t in header.tensors:
+                row = tally.rows.setdefault(t.dtype, [0, 0])
+                row[0] += 1
+                row[1] += t.end - t.begin
+            continue
         names = {t.name for t in header.tensors}
         for t in header.tensors:
             owner = _owner(t.name, names)
@@ -139,7 +147,11 @@ def manifest_quantization(index: StoreIndex, manifest: Manifest) -> list[QuantRo
                 return []
             assert isinstance(header, GGUFHeader)
             return quantization_breakdown_gguf(header)
-    headers = []
+    # One header at a time, each let go once tallied: one blob may hold a million tensors.
+    return quantization_breakdown_safetensors(_tensor_headers(index, manifest))
+
+
+def _tensor_headers(index: StoreIndex, manifest: Manifest) -> Iterator[SafetensorsHeader]:
     for layer in manifest.layers:
         if layer.kind != "tensor":
             continue
@@ -149,5 +161,4 @@ def manifest_quantization(index: StoreIndex, manifest: Manifest) -> list[QuantRo
             log.warning("%s (%s): %s", layer.digest, layer.name, exc)
             continue
         if isinstance(header, SafetensorsHeader):
-            headers.append(header)
-    return quantization_breakdown_safetensors(headers) if headers else []
+            yield header

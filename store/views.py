@@ -14,7 +14,7 @@ from typing import Any
 
 from store.errors import SafetensorsError
 from store.files import ModelFile
-from store.safetensors import METADATA_KEY, SafetensorsHeader
+from store.safetensors import MAX_HEADER, METADATA_KEY, SafetensorsHeader
 
 MAX_TEXT_LAYER = 1 << 20  # templates, licenses, params: bigger ones are not shown inline
 
@@ -117,33 +117,48 @@ def merge_safetensors(parts: Sequence[tuple[Path, SafetensorsHeader]]) -> Merged
     """One safetensors file holding every tensor of every part, data served from the parts.
 
     Each part's data buffer is copied as one run, so every tensor keeps its exact bytes.
-    Metadata keys on which all parts agree are kept; tensor names must be unique.
+    Metadata keys on which all parts agree are kept; tensor names must be unique. One part
+    is its own merge: the file is the blob as it is, so no header is held in memory (one of
+    a million tensors is 100 MB).
     """
-    entries: dict[str, Any] = {}
+    if len(parts) == 1:
+        path, header = parts[0]
+        size = header.file_size
+        return MergedSafetensors(b"", (Segment(0, path, 0, size),) if size else (), size)
+    # The JSON is written entry by entry, as json.dumps with compact separators would write
+    # it, without a dict per tensor first (a million tensors: 700 MB of dicts).
+    names: set[str] = {METADATA_KEY}
+    entries: list[str] = []
     metadata: dict[str, str] | None = None
     layout: list[tuple[Path, int, int]] = []
     base = 0
     for path, header in parts:
         for t in header.tensors:
-            if t.name in entries or t.name == METADATA_KEY:
+            if t.name in names:
                 raise SafetensorsError(f"{path}: tensor {t.name!r} appears in two blobs")
-            entries[t.name] = {
-                "dtype": t.dtype,
-                "shape": list(t.shape),
-                "data_offsets": [base + t.begin, base + t.end],
-            }
+            names.add(t.name)
+            entries.append(
+                f'{_json_str(t.name)}:{{"dtype":"{t.dtype}","shape":[{",".join(map(str, t.shape))}]'
+                f',"data_offsets":[{base + t.begin},{base + t.end}]}}'
+            )
         if metadata is None:
             metadata = dict(header.metadata)
         else:
             metadata = {k: v for k, v in metadata.items() if header.metadata.get(k) == v}
         layout.append((path, header.data_offset, header.data_size))
         base += header.data_size
-    obj: dict[str, Any] = {}
+    del names
     if metadata:
-        obj[METADATA_KEY] = metadata
-    obj.update(entries)
-    text = json.dumps(obj, separators=(",", ":")).encode()
+        meta = json.dumps(metadata, separators=(",", ":"))
+        entries.insert(0, f"{_json_str(METADATA_KEY)}:{meta}")
+    text = ("{" + ",".join(entries) + "}").encode()
+    del entries
     text += b" " * (-len(text) % 8)  # readers that mmap like the data 8-byte aligned
+    if len(text) > MAX_HEADER:
+        raise SafetensorsError(
+            f"the merged header would be {len(text)} bytes, over the {MAX_HEADER}-byte limit"
+            " of safetensors readers"
+        )
     header = len(text).to_bytes(8, "little") + text
     segments = []
     start = len(header)
@@ -152,6 +167,9 @@ def merge_safetensors(parts: Sequence[tuple[Path, SafetensorsHeader]]) -> Merged
             segments.append(Segment(start, path, offset, length))
         start += length
     return MergedSafetensors(header, tuple(segments), start)
+
+
+_json_str = json.encoder.encode_basestring_ascii  # json.dumps's own, in C
 
 
 def read_merged(merged: MergedSafetensors, fds: dict[Path, int], offset: int, size: int) -> bytes:

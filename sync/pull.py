@@ -186,6 +186,8 @@ class ModelResult:
 @dataclass
 class PullReport:
     models: list[ModelResult] = field(default_factory=list)
+    # (name as asked, its error, whose message names the model): the models not pulled
+    failed: list[tuple[str, SyncError | StoreError]] = field(default_factory=list)
 
 
 # -- choosing children ------------------------------------------------------------------------
@@ -1350,7 +1352,9 @@ async def pull(
     session: PeerSession | None = None,
     lease: LiveLease | None = None,
 ) -> PullReport:
-    """Pull each name, in order; the first failure is raised (earlier names stay pulled).
+    """Pull each name, in order. A model that fails (a full disk, a peer without it) is
+    listed in `report.failed`, its error naming it, and the others are still tried: a smaller
+    one may fit where a bigger one did not. With one name its failure is raised, as is.
 
     The peers are spoken to through `session` (a daemon's, with its credentials and read
     timeout), or one made here with `credentials` and `options.read_timeout`. Pulls running
@@ -1369,8 +1373,30 @@ async def pull(
             lease = await stack.enter_async_context(pull_lease(layout))
         puller = Puller(layout, peers, options, progress, lease)
         for text in names:
-            report.models.append(await puller.pull_one(text))
+            try:
+                report.models.append(await puller.pull_one(text))
+            except (SyncError, StoreError, OSError) as exc:
+                if len(names) == 1:
+                    raise  # as it was: the caller (the daemon, one CLI name) knows the name
+                failure = _naming_model(exc, text, layout)
+                # Said now, not only in the end: the other models may take hours.
+                puller.progress.error(str(failure))
+                log.error("%s", failure)
+                report.failed.append((text, failure))
     return report
+
+
+def _naming_model(
+    exc: SyncError | StoreError | OSError, text: str, layout: Layout
+) -> SyncError | StoreError:
+    """The error of one model's pull, its message naming the model (blob errors name only
+    the blob). The class is kept, so callers still tell a lying peer from a full disk."""
+    if isinstance(exc, OSError):
+        exc = _local_error(exc, layout, f"model {text}")
+    message = str(exc)
+    if text not in message:
+        exc.args = (f"{text}: {message}",)
+    return exc
 
 
 @contextlib.asynccontextmanager

@@ -4,22 +4,30 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 
-@pytest.fixture
-def tiny_fs(tmp_path: Path) -> Iterator[Path]:
-    """A 4 MiB tmpfs: a disk that fills up."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
+@contextmanager
+def tmpfs(where: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of `size` (`4m`, `8M`) at `where`: a real disk that fills up; skips the test
+    where none can be mounted (not root)."""
+    where.mkdir()
     r = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True
     )
     if r.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs: {r.stderr.decode().strip()}")
     try:
-        yield mnt
+        yield where
     finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+@pytest.fixture
+def tiny_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MiB tmpfs: a disk that fills up."""
+    with tmpfs(tmp_path / "small", "4m") as mnt:
+        yield mnt
