@@ -14,9 +14,13 @@ from dataclasses import dataclass
 from store.errors import InvalidNameError
 
 DEFAULT_HOST = "registry.ollama.ai"
-DEFAULT_HOST_V2 = "ollama.com"  # how manifests-v2/ spells the default host
+# How manifests-v2/ spells the default host (Ollama's manifest-list layout). In a name and in
+# manifests/, `ollama.com` is a host of its own, as at ollama/ollama fb30760
+# (types/model/name.go:231-249 compares with `registry.ollama.ai` only).
+DEFAULT_HOST_V2 = "ollama.com"
 DEFAULT_NAMESPACE = "library"
 DEFAULT_TAG = "latest"
+# Repository paths a registry serves: both spellings are the default registry there.
 DEFAULT_HOSTS = frozenset({DEFAULT_HOST, DEFAULT_HOST_V2})
 
 _HOST = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,349}")
@@ -54,13 +58,12 @@ class Name:
 
     @property
     def is_default_host(self) -> bool:
-        return self.host.lower() in DEFAULT_HOSTS
+        return self.host.lower() == DEFAULT_HOST
 
     @property
     def key(self) -> tuple[str, str, str, str]:
-        """Identity for case-insensitive lookup; both default-host spellings are one host."""
-        host = DEFAULT_HOST if self.is_default_host else self.host.lower()
-        return (host, self.namespace.lower(), self.model.lower(), self.tag.lower())
+        """Identity for case-insensitive lookup (Ollama's getExistingName)."""
+        return (self.host.lower(), self.namespace.lower(), self.model.lower(), self.tag.lower())
 
     @property
     def full(self) -> str:
@@ -83,12 +86,12 @@ class Name:
         return f"{self.host}/{self.namespace}/{self.model}"
 
     def legacy_parts(self) -> tuple[str, str, str, str]:
-        """Path parts under `manifests/`: the default host as `registry.ollama.ai`."""
-        host = DEFAULT_HOST if self.is_default_host else self.host
-        return (host, self.namespace, self.model, self.tag)
+        """Path parts under `manifests/`, as spelled."""
+        return (self.host, self.namespace, self.model, self.tag)
 
     def v2_parts(self) -> tuple[str, str, str, str]:
-        """Path parts under `manifests-v2/`: the default host as `ollama.com`, `:` as `%3A`."""
+        """Path parts under `manifests-v2/`: the default host as `ollama.com`, `:` as `%3A`.
+        (A host named `ollama.com` has the same folder: that layout has one for both.)"""
         host = DEFAULT_HOST_V2 if self.is_default_host else self.host.replace(":", "%3A")
         return (host, self.namespace, self.model, self.tag)
 
@@ -159,4 +162,6 @@ def name_from_path_parts(parts: tuple[str, ...] | list[str], *, v2: bool) -> Nam
     host, namespace, model, tag = parts
     if v2:
         host = host.replace("%3A", ":").replace("%3a", ":")
+        if host.lower() == DEFAULT_HOST_V2:
+            host = DEFAULT_HOST
     return Name.from_parts(host, namespace, model, tag)

@@ -31,7 +31,7 @@ from store.errors import InvalidNameError, ManifestError, StoreError
 from store.layout import Layout
 from store.manifest import MAX_MANIFEST_BYTES, Manifest, ManifestList, parse_manifest
 from store.names import name_from_path_parts
-from store.scan import Problem, read_limited, walk_manifest_tree
+from store.scan import Problem, read_limited, removed_tag, walk_manifest_tree
 
 
 @dataclass
@@ -42,6 +42,7 @@ class Reach:
     manifests: int = 0  # manifest files read
     unreadable: list[Problem] = field(default_factory=list)  # GC must not delete while any
     strays: list[Problem] = field(default_factory=list)  # harmless: above manifest depth
+    removed: list[Problem] = field(default_factory=list)  # v2 links `ollama rm` left: no roots
 
     @property
     def complete(self) -> bool:
@@ -73,10 +74,14 @@ class _Reader:
                 continue
             try:
                 self.manifest_file(Path(de.path), rel)
-            except StoreError as exc:
-                self._unreadable(rel, str(exc).removeprefix(f"{rel}: "))
-            except OSError as exc:
-                self._unreadable(rel, exc.strerror or str(exc))
+            except (StoreError, OSError) as exc:
+                removed = removed_tag(self.layout, de.path) if v2 else None
+                if removed is not None:
+                    self.reach.removed.append(Problem("removed-tag", rel, removed))
+                elif isinstance(exc, OSError):
+                    self._unreadable(rel, exc.strerror or str(exc))
+                else:
+                    self._unreadable(rel, str(exc).removeprefix(f"{rel}: "))
 
     def manifest_file(self, path: Path, rel: str) -> None:
         trashed = None

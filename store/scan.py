@@ -48,7 +48,7 @@ _RUNNER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,79}")
 class Problem:
     """Something wrong in the store, found by a scan. `path` is relative to the root."""
 
-    kind: str  # stray | bad-manifest | missing-blob | bad-blob | foreign-blob | missing-child
+    kind: str  # stray | removed-tag | bad-manifest | missing-blob | bad-blob | foreign-blob
     path: str
     message: str
 
@@ -193,6 +193,9 @@ class ScanCache:
 class StoreIndex:
     layout: Layout
     entries: dict[tuple[str, str, str, str], Entry] = field(default_factory=dict)
+    # Legacy files that `entries` does not show: hidden by a v2 tag of the same name (the
+    # anchor), or spelled like another one but for case (Ollama lists `Foo` and `foo` both).
+    hidden: list[Entry] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     blob_names: set[str] = field(default_factory=set)
     _configs: dict[Digest, ModelConfig | None] = field(default_factory=dict, repr=False)
@@ -332,6 +335,33 @@ def walk_manifest_tree(root: Path) -> Iterator[_TreeItem]:
         yield from walk(str(root), ())
 
 
+def removed_tag(layout: Layout, path: str | os.PathLike[str]) -> str | None:
+    """Why a `manifests-v2/` link stands for a removed tag, or None when it does not.
+
+    `ollama rm` (ollama/ollama fb30760 server/routes.go:1287-1297, manifest/manifest.go:61-110)
+    deletes the legacy file and every blob no legacy manifest names, the list blob a v2 link
+    points at included, and leaves the link: a link to a blob that is gone is a tag removed,
+    not a manifest half-written. One whose blob is in `.modelfs/trash/` is not: that blob was
+    taken by our GC and is put back when a tag wants it.
+    """
+    try:
+        link = os.readlink(path)
+    except OSError:
+        return None
+    blob = os.path.basename(link)
+    if not is_blob_name(blob) or os.path.lexists(os.path.join(layout.blobs, blob)):
+        return None
+    try:
+        with os.scandir(layout.trash) as stamps:
+            if any(os.path.lexists(os.path.join(s.path, blob)) for s in stamps):
+                return None
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return None  # the trash cannot be looked at: not known to be removed
+    return f"removed tag: its manifest blob {blob} is gone (as `ollama rm` leaves the link)"
+
+
 class Scanner:
     """Builds a StoreIndex. Reads manifests only; blobs are listed, not hashed, except the
     manifest blobs a v2 tag or a list points at, which must hash to their names."""
@@ -420,22 +450,33 @@ class Scanner:
             except InvalidNameError:
                 self._problem("stray", rel, "not a valid model name")
                 continue
-            if name.key in self.index.entries:
-                if v2 or self.index.entries[name.key].source == "legacy":
-                    self._problem("stray", rel, f"duplicate of {self.index.entries[name.key].path}")
-                # else: v2 hides legacy for the same name (the legacy file is an anchor).
+            shown = self.index.entries.get(name.key)
+            if shown is not None and v2:
+                self._problem("stray", rel, f"duplicate of {shown.path}")
                 continue
             try:
                 entry = self._read_entry(name, de.path, root, v2=v2)
             except StoreError as exc:
-                self._problem("bad-manifest", rel, str(exc).removeprefix(f"{rel}: "))
+                removed = removed_tag(self.layout, de.path) if v2 else None
+                if removed is not None:
+                    # The legacy file of the same name, if any (Ollama's re-pull), is the tag.
+                    self._problem("removed-tag", rel, removed)
+                else:
+                    self._problem("bad-manifest", rel, str(exc).removeprefix(f"{rel}: "))
                 continue
             except Exception as exc:
                 # Whatever a hostile file does, it costs only its own entry, never the scan.
                 log.exception("%s: unexpected error", rel)
                 self._problem("bad-manifest", rel, f"unreadable ({type(exc).__name__}: {exc})")
                 continue
-            self.index.entries[name.key] = entry
+            if shown is None:
+                self.index.entries[name.key] = entry
+                continue
+            # v2 hides legacy for the same name (the legacy file is an anchor); two legacy
+            # spellings of one name are one model here, two for Ollama.
+            self.index.hidden.append(entry)
+            if shown.source == "legacy":
+                self._problem("stray", rel, f"duplicate of {shown.path}")
 
     def _read_entry(self, name: Name, path: str, root: Path, *, v2: bool) -> Entry:
         # Strings in this loop: it runs once per tag, and Path arithmetic was a fifth of it.
@@ -479,9 +520,13 @@ class Scanner:
         return top, st.st_mtime_ns
 
     def _read_manifest_file(self, path: str, root: Path, rel: str) -> tuple[bytes, os.stat_result]:
-        """Read a tag file; a symlink must land on a blob whose bytes hash to its name."""
+        """Read a tag file. A `manifests-v2/` link must land on a blob whose bytes hash to its
+        name; a legacy file that is a link is followed, as Ollama's os.Open does
+        (ollama/ollama fb30760 manifest/manifest.go:189,125), to a regular file."""
         try:
             lst = os.lstat(path)
+            if stat.S_ISLNK(lst.st_mode) and root != self.layout.manifests_v2:
+                lst = os.stat(path)
             if stat.S_ISLNK(lst.st_mode):
                 # The link must land on blobs/<its own name>: same file as that blob, which
                 # the blob listing already knows to be a regular file inside the store.

@@ -11,7 +11,8 @@ Kinds of findings, and whether they make the store "not whole" (exit status 1):
 - bad manifest: a manifest that cannot be read or parsed                        — wrong
 - orphaned: a blob no manifest names: `modelfs gc` reclaims it, unless GC keeps it for now
   (tag history, a live lease, younger than the grace; `gc_keeps` says which) — information
-- stray: a file that is not a blob or a manifest (Ollama partials, .DS_Store)   — information
+- stray: a file that is not a blob or a manifest (Ollama partials, .DS_Store,
+  a `manifests-v2` link to a blob `ollama rm` deleted: a removed tag)          — information
 - misnamed: `sha256:<hex>` (a copy from another OS); Ollama renames these
   itself at startup, and the fix is printed                                     — information
 - changed: a blob modified or replaced while it was read (not judged)           — information
@@ -110,7 +111,7 @@ def survey(index: StoreIndex, reach: Reach) -> Survey:
             )
             with contextlib.suppress(InvalidDigestError):
                 foreign[Digest.parse(problem.path.rsplit("/", 1)[-1])] = problem.path
-        elif problem.kind in ("stray", "bad-blob"):
+        elif problem.kind in ("stray", "bad-blob", "removed-tag"):
             out.stray.append((problem.path, _lsize(root, problem.path), problem.message))
         elif problem.kind == "bad-manifest":
             out.bad_manifests.append((problem.path, problem.message))

@@ -44,7 +44,8 @@ For each name, in order:
      version reads (and, if the store already has a `manifests-v2/` entry for that name, it
      is moved to the new manifest too, because v2 hides legacy);
    - a manifest list (see `write_list`): the child manifest blobs, then the list blob and
-     the `manifests-v2/…/<tag>` symlink to it, then the legacy anchor.
+     the `manifests-v2/…/<tag>` symlink to it, then the legacy anchor, then a legacy
+     `<tag>-<runner>` file for each other pulled child.
 
 Sources: each blob tries the source that served the manifest first, then the others in the
 order given. A source that is unreachable, times out, stalls for `read_timeout` seconds or
@@ -87,6 +88,7 @@ from store.errors import StoreError
 from store.layout import Layout
 from store.leases import LeaseKeeper
 from store.manifest import (
+    MAX_MANIFEST_BYTES,
     MEDIA_LIST,
     MEDIA_MANIFEST,
     Manifest,
@@ -95,7 +97,7 @@ from store.manifest import (
     parse_manifest,
 )
 from store.names import Name, name_from_path_parts, parse_name
-from store.scan import DEFAULT_PREFER, child_runner, rank_children
+from store.scan import DEFAULT_PREFER, child_runner, rank_children, read_limited
 from sync import progress as P
 from sync.client import (
     Conn,
@@ -724,15 +726,16 @@ class Puller:
            (the list, then the pulled child manifests in list order). An Ollama from before
            manifest lists reads only `manifests/`: the anchor lets it list and run the gguf
            variant, and because its prune keeps every blob a legacy manifest names, it keeps
-           the list and child manifest blobs too. (It does not name another child's layers;
-           those are kept by the v2 entry on a current Ollama, and by their fresh mtime for an
-           hour on an old one.) This is the same anchor `modelfs demo-store` and Ollama's own
-           migration leave, so a pulled store matches its source byte for byte.
+           the list and child manifest blobs too. This is the same anchor `modelfs
+           demo-store` and Ollama's own migration leave;
+        4. for every other pulled child, `manifests/…/<tag>-<runner>`: its own bytes
+           (`_variant_anchors`), so that an Ollama reading only `manifests/` keeps its layers.
 
         Lists after their children; the anchor last, so each file only names what is already
         there.
         """
         try:
+            ours = {c.digest for c in lst.children} | self._list_children(name)
             refs: list[tuple[str, Digest, int]] = []
             for i, fetched, manifest in sorted(children, key=lambda c: c[0]):
                 if fetched is not None:
@@ -750,11 +753,79 @@ class Puller:
                 c = lst.children[i]
                 return (not _is_gguf(c.runner, c.format, m), ranked.index(i))
 
-            _, _, chosen = min(children, key=rank)
+            chosen_i, _, chosen = min(children, key=rank)
             anchor = anchor_bytes(chosen.raw, list_raw, refs)
             written.append(self.store.write_legacy_manifest(name, anchor))
+            extra = [
+                (i, f.raw)
+                for i, f, _ in sorted(children, key=lambda c: c[0])
+                if i != chosen_i and f is not None
+            ]
+            written += self._variant_anchors(name, lst, extra, ours)
         except OSError as exc:
             raise _local_error(exc, self.layout, f"the manifests of {name.shortest}") from None
+        return written
+
+    def _list_children(self, name: Name) -> set[Digest]:
+        """The children of the list the store's `manifests-v2/` entry for `name` holds now."""
+        try:
+            old = parse_manifest(
+                read_limited(self.layout.v2_manifest(name), MAX_MANIFEST_BYTES), name.shortest
+            )
+        except (OSError, StoreError):
+            return set()
+        return {c.digest for c in old.children} if isinstance(old, ManifestList) else set()
+
+    def _variant_anchors(
+        self, name: Name, lst: ManifestList, extra: list[tuple[int, bytes]], ours: set[Digest]
+    ) -> list[Path]:
+        """A legacy manifest `<tag>-<runner>` for each pulled child the anchor is not: the
+        child's own bytes, as `ollama pull` of that child would write them.
+
+        A stock Ollama reads only `manifests/` and deletes every blob no file there names:
+        its startup prune (ollama/ollama fb30760 server/images.go:874-929), `ollama rm`
+        (manifest/manifest.go:74-110) and a re-pull (server/images.go:998-1015,1115-1120).
+        The anchor names the layers of one child only; this names the other children's, so
+        they live as long as this tag. It names no list or child manifest blob, so an
+        `ollama rm` of the main tag still removes the list. An existing file of that name is
+        replaced only when it is a child of this list or of the list it replaces (another
+        model of that name is left alone, and the variant's blobs unnamed; a warning says so).
+        """
+        written: list[Path] = []
+        taken: set[str] = set()
+        for i, raw in extra:
+            child = lst.children[i]
+            base = f"{name.tag}-{(child_runner(child) or 'variant').lower()}"
+            tag, n = base, 1
+            while tag.lower() in taken:
+                n += 1
+                tag = f"{base}-{n}"
+            taken.add(tag.lower())
+            try:
+                anchor = name.with_tag(tag)
+            except StoreError:
+                log.warning(
+                    "%s: no legacy name for its child %s (%s is too long)",
+                    name.shortest,
+                    child.digest,
+                    tag,
+                )
+                continue
+            path = self.layout.legacy_manifest(anchor)
+            try:
+                there = Digest.of_bytes(read_limited(path, MAX_MANIFEST_BYTES))
+            except FileNotFoundError:
+                there = None
+            if there is not None and there not in ours:
+                log.warning(
+                    "%s exists and is another model; %s's child %s is named by no legacy "
+                    "manifest, so a stock Ollama's prune would delete its blobs",
+                    anchor.shortest,
+                    name.shortest,
+                    child.digest,
+                )
+                continue
+            written.append(self.store.write_legacy_manifest(anchor, raw))
         return written
 
     # -- blobs --------------------------------------------------------------------------------

@@ -7,13 +7,15 @@ separators side by side or at the end, `:` in a host), so some names need a rule
 
     host/ns/model:tag                   repository                          tag
     registry.ollama.ai/library/gemma4:26b   library/gemma4                  26b
-    ollama.com/someuser/tiny:q8         someuser/tiny                       q8
+    someuser/tiny:q8                    someuser/tiny                       q8
+    ollama.com/library/qwen3:0.6b       ollama.com/library/qwen3            0.6b
     hf.co/bartowski/SmolLM2-GGUF:Q4_K_M hf.co/bartowski/smollm2-gguf        Q4_K_M
     localhost:5000/me/m:1               localhost__5000/me/m                1
     registry.ollama.ai/library/_x:1     refused: '_x' cannot start an OCI component
 
-- The default host (`registry.ollama.ai`, `ollama.com`) is left out: `<ns>/<model>`. Any other
-  host is the first of three components (DESIGN §4).
+- The default host (`registry.ollama.ai`) is left out: `<ns>/<model>`. Any other host is the
+  first of three components, `ollama.com` too: it is a host of its own in Ollama's names
+  (ollama/ollama fb30760 types/model/name.go:231-249).
 - **Case is folded to lowercase** in the repository. Ollama's own identity of a name is
   case-insensitive per part (`getExistingName`), so `SmolLM2` and `smollm2` are one model and
   this loses nothing Ollama distinguishes; the spelling on disk comes from the name given to
@@ -41,7 +43,7 @@ from __future__ import annotations
 import re
 
 from store.errors import InvalidNameError
-from store.names import DEFAULT_HOST, DEFAULT_HOSTS, Name
+from store.names import DEFAULT_HOST, Name
 
 COMPONENT = re.compile(r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*")
 TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
@@ -115,8 +117,6 @@ def name_for(repository: str, tag: str) -> Name:
     else:
         host_part, namespace, model = parts
         host = host_part.replace(_PORT_OCI, ":")
-        if host in DEFAULT_HOSTS:
-            host = DEFAULT_HOST
     try:
         return Name.from_parts(host, namespace, model, tag)
     except InvalidNameError as exc:

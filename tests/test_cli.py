@@ -237,7 +237,8 @@ def test_ls_json_is_ollamas_api_tags(
     assert list(doc) == ["models"]
     models = doc["models"]
     for m in models:
-        assert list(m) == TAGS_KEYS
+        # `capabilities` is omitempty; the projector of someuser/tiny makes it "vision".
+        assert list(m) == TAGS_KEYS + (["capabilities"] if m["name"] == "someuser/tiny:q8" else [])
         assert list(m["details"]) == DETAILS_KEYS
         assert isinstance(m["size"], int) and not isinstance(m["size"], bool)
         for key in ("name", "model", "modified_at", "digest"):
@@ -716,8 +717,7 @@ def build_damage(tiny: TinyStore) -> dict[str, str]:
     # A config that is not JSON, and one with a lone surrogate escape.
     bad_cfg = tiny.manifest([tiny.layer("model", b"w")], {"model_format": "gguf", "only": "here"})
     tiny.layout.blob(Digest.parse(json.loads(bad_cfg)["config"]["digest"])).write_bytes(b"{")
-    tiny.legacy("bad-config:1", bad_cfg)
-    good["bad-config:1"] = sha256_hex(bad_cfg)
+    tiny.legacy("bad-config:1", bad_cfg)  # Ollama's /api/tags leaves it out
     surrogate = tiny.gguf_model("surrogate:1", payload=b"s", file_type="\ud800")
     good["surrogate:1"] = sha256_hex(surrogate)
 
@@ -757,8 +757,7 @@ def test_damaged_store_still_lists_the_good(
     assert {m["name"]: m["digest"] for m in models} == good
     surrogate = next(m for m in models if m["name"] == "surrogate:1")
     assert surrogate["details"]["quantization_level"] == "\ufffd"  # as Go decodes "\ud800"
-    bad_config = next(m for m in models if m["name"] == "bad-config:1")
-    assert bad_config["details"]["format"] == ""
+    assert "bad-config:1" not in {m["name"] for m in models}
     assert any("problem(s) in the store" in line for line in err.splitlines())
 
     code, out, err = cli(capsys, "ls", "--store", str(tiny.root))

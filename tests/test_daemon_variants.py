@@ -275,7 +275,7 @@ def test_first_gc_is_soon_after_start_and_a_reload_applies_new_intervals_at_once
         "store": str(store),
         "replicate": ["*"],
         "interval": "1h",
-        "gc": {"interval": "1h", "grace": "0s"},
+        "gc": {"interval": "1h", "grace": "0s", "grace_below_floor": True},
     }
     with fakepeer(origin.root) as url, daemon(tmp_path, "g", peers=[url], **keys) as d:
         t0 = time.monotonic()
@@ -285,7 +285,7 @@ def test_first_gc_is_soon_after_start_and_a_reload_applies_new_intervals_at_once
         origin.gguf_model("m:2", b"published after the first listing")
         time.sleep(2)
         assert gc_runs(d) == 1 and not complete(store, "m:2")  # both asleep for the hour
-        d.reload(interval="1s", gc={"interval": "1s", "grace": "0s"})
+        d.reload(interval="1s", gc={"interval": "1s", "grace": "0s", "grace_below_floor": True})
         wait_until(lambda: gc_runs(d) >= 3, 15, "GC by the new interval")
         wait_until(lambda: complete(store, "m:2"), 15, "m:2 by the new listing interval")
 

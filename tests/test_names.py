@@ -69,7 +69,8 @@ def test_bare_split_like_ollama() -> None:
     [
         ("gemma4:26b", "gemma4:26b"),
         ("gemma4", "gemma4:latest"),
-        ("ollama.com/library/gemma4:26b", "gemma4:26b"),
+        # A host of its own, as at ollama/ollama fb30760 (types/model/name.go:231-249).
+        ("ollama.com/library/gemma4:26b", "ollama.com/library/gemma4:26b"),
         ("REGISTRY.OLLAMA.AI/Library/Gemma4:26B", "Gemma4:26B"),
         ("someuser/tiny:q8", "someuser/tiny:q8"),
         ("hf.co/bartowski/SmolLM2:Q4_K_M", "hf.co/bartowski/SmolLM2:Q4_K_M"),
@@ -79,11 +80,18 @@ def test_display_shortest(text: str, shortest: str) -> None:
     assert parse_name(text).shortest == shortest
 
 
-def test_case_insensitive_key_and_host_aliases() -> None:
+def test_case_insensitive_key_and_host_folders() -> None:
     a = parse_name("Gemma4:26B")
-    b = parse_name("ollama.com/library/gemma4:26b")
+    b = parse_name("registry.ollama.ai/library/gemma4:26b")
     assert a.key == b.key
     assert a != b  # spelling is kept
+    # `ollama.com` is its own host in a name and under manifests/ (as Ollama at HEAD has it);
+    # under manifests-v2/ its folder is the default registry's.
+    c = parse_name("ollama.com/library/gemma4:26b")
+    assert c.key != a.key
+    assert Layout("/s").legacy_manifest(c) == Path("/s/manifests/ollama.com/library/gemma4/26b")
+    assert name_from_path_parts(("ollama.com", "library", "gemma4", "26b"), v2=True) == b
+    assert name_from_path_parts(("ollama.com", "library", "gemma4", "26b"), v2=False) == c
 
 
 def test_paths_for_both_layouts() -> None:

@@ -56,7 +56,7 @@ OCI_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
     [
         ("gemma4:26b", "library/gemma4", "26b"),
         ("llama3.2", "library/llama3.2", "latest"),
-        ("ollama.com/library/qwen3:0.6b", "library/qwen3", "0.6b"),
+        ("ollama.com/library/qwen3:0.6b", "ollama.com/library/qwen3", "0.6b"),
         ("someuser/tiny:q8", "someuser/tiny", "q8"),
         (
             "hf.co/bartowski/SmolLM2-135M-Instruct-GGUF:Q4_K_M",
@@ -133,8 +133,11 @@ def test_repositories_that_are_no_model(repository: str, tag: str) -> None:
 
 
 def test_default_host_spelled_out_reads_as_default() -> None:
-    assert name_for("ollama.com/library/gemma4", "26b") == parse_name("gemma4:26b")
     assert name_for("registry.ollama.ai/library/gemma4", "26b").host == DEFAULT_HOST
+    # `ollama.com` is a host of its own, as in Ollama's names.
+    assert name_for("ollama.com/library/gemma4", "26b") == parse_name(
+        "ollama.com/library/gemma4:26b"
+    )
 
 
 _host = st.one_of(

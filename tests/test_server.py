@@ -222,11 +222,13 @@ async def test_manifest_tags_are_case_insensitive(tiny: TinyStore) -> None:
             "/v2/library/LLAMA3.2/manifests/3B",
             "/v2/Library/llama3.2/manifests/3b",
             "/v2/registry.ollama.ai/library/llama3.2/manifests/3b",
-            "/v2/ollama.com/library/llama3.2/manifests/3b",
         ):
             r = await c.get(path)
             assert r.status_code == 200, path
             assert r.content == raw
+        # `ollama.com` is a host of its own, as in Ollama's names.
+        r = await c.get("/v2/ollama.com/library/llama3.2/manifests/3b")
+        assert r.status_code == 404
 
 
 async def test_manifest_other_host_and_namespace(demo: DemoStore) -> None:

@@ -30,7 +30,12 @@ def walk(node: Node, path: str = "") -> dict[str, Node]:
 
 def test_short_paths() -> None:
     assert short_path(parse_name("gemma4:26b")) == ("gemma4", "26b")
-    assert short_path(parse_name("ollama.com/library/gemma4:26b")) == ("gemma4", "26b")
+    assert short_path(parse_name("ollama.com/library/gemma4:26b")) == (
+        "ollama.com",
+        "library",
+        "gemma4",
+        "26b",
+    )
     assert short_path(parse_name("u/m:t")) == ("u", "m", "t")
     assert short_path(parse_name("hf.co/a/b:c")) == ("hf.co", "a", "b", "c")
 
