@@ -21,14 +21,7 @@ from store.digest import Digest
 from store.scan import scan_store
 from tests.builders import TinyStore
 from tests.mounting import fuse, mounted
-
-
-def walk(node: Node, path: str = "") -> dict[str, Node]:
-    out = {path or "/": node}
-    if isinstance(node, DirNode):
-        for name, child in node.children.items():
-            out.update(walk(child, f"{path}/{name}"))
-    return out
+from tests.test_tree import walk
 
 
 def test_every_file_has_as_many_links_as_paths(tmp_path: Path) -> None:
