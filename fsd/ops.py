@@ -34,6 +34,7 @@ from fsd.tree import (
 from runtime.leasing import LiveLease
 from store.digest import Digest
 from store.errors import StoreError
+from store.fileio import open_fd
 from store.gguf import read_gguf_header_path
 
 log = logging.getLogger(__name__)
@@ -392,7 +393,7 @@ class ModelOperations(pyfuse3.Operations):
 
     @staticmethod
     def _open_blob(path: Path, size: int | None) -> int:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = open_fd(path, follow=False)
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or (size is not None and st.st_size != size):
             os.close(fd)

@@ -41,6 +41,7 @@ from store.compat import (
 from store.compat.decisions import Decisions
 from store.digest import Digest
 from store.errors import StoreError
+from store.fileio import open_binary
 from store.files import ModelFile, model_files
 from store.manifest import Manifest, clean_text
 from store.names import Name
@@ -659,7 +660,7 @@ class _Build:
         if info is None or info.size != f.layer.size or info.size > MAX_TEXT_BYTES:
             return None
         try:
-            with open(self.index.layout.blob(f.layer.digest), "rb") as fh:
+            with open_binary(self.index.layout.blob(f.layer.digest)) as fh:
                 data = fh.read(MAX_TEXT_BYTES + 1)
         except OSError:
             return None

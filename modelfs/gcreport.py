@@ -26,6 +26,9 @@ def render_gc(report: GcReport) -> str:
     if report.refused:
         lines.append("refused, nothing deleted; these cannot be read:")
         lines += [f"  {p.path}: {p.message}" for p in report.refused]
+    if plan.strays:
+        lines.append("stray files (kept; not models, GC goes on):")
+        lines += [f"  {p.path}: {p.message}" for p in plan.strays]
     if report.aborted:
         lines.append(f"stopped: {report.aborted}")
 

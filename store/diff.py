@@ -48,6 +48,7 @@ from typing import Any, BinaryIO
 
 from store.digest import Digest
 from store.errors import InvalidDigestError, ModelNotFoundError, StoreError
+from store.fileio import open_binary
 from store.gguf import GGUFHeader
 from store.history import TagHistory
 from store.manifest import Layer, Manifest, ManifestList, ModelConfig, infer_runner, parse_manifest
@@ -441,8 +442,8 @@ def _changed_tensors(
     ea, eb = _extents(ha), _extents(hb)
     changed = 0
     with contextlib.ExitStack() as stack:
-        fa = stack.enter_context(open(index.layout.blob(layer_a.digest), "rb"))
-        fb = stack.enter_context(open(index.layout.blob(layer_b.digest), "rb"))
+        fa = stack.enter_context(open_binary(index.layout.blob(layer_a.digest)))
+        fb = stack.enter_context(open_binary(index.layout.blob(layer_b.digest)))
         for name, (off_a, n) in ea.items():
             off_b, n_b = eb[name]
             if n != n_b:

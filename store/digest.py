@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from store.errors import InvalidDigestError
+from store.fileio import open_binary
 
 # Ollama accepts either separator and either hex case (manifest/paths.go); we compare and
 # name files in lowercase, which is what every Ollama writer produces.
@@ -45,7 +46,7 @@ class Digest:
 
     @classmethod
     def of_file(cls, path: str | os.PathLike[str]) -> Digest:
-        with open(path, "rb") as f:
+        with open_binary(path) as f:
             return cls(sha256_stream(f))
 
     @property

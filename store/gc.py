@@ -113,6 +113,7 @@ class GcPlan:
     now: float
     policy: GcPolicy
     refused: list[Problem] = field(default_factory=list)
+    strays: list[Problem] = field(default_factory=list)  # reported and kept; GC goes on
     trash: list[FileItem] = field(default_factory=list)  # second sighting: to the trash now
     pending: list[FileItem] = field(default_factory=list)  # first sighting, or too recent
     young: list[FileItem] = field(default_factory=list)  # unreferenced but within grace
@@ -191,6 +192,7 @@ def plan_gc(layout: Layout, policy: GcPolicy, *, now: float | None = None) -> Gc
     leases = read_leases(layout, now)
     reach = reachable(layout, manifests=leases.manifests, trash=trashed)
     plan.refused = [*reach.unreadable, *leases.unreadable]
+    plan.strays = list(reach.strays)
     history, problem = history_roots(layout, now)
     if problem is not None:
         plan.refused.append(problem)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 from store.errors import GGUFError
+from store.fileio import open_binary
 
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -528,7 +529,7 @@ def read_gguf_header(f: BinaryIO, source: str, file_size: int | None = None) -> 
 
 def read_gguf_header_path(path: str | os.PathLike[str]) -> GGUFHeader:
     """Read the GGUF header of a file; OSError if it cannot be opened."""
-    with open(path, "rb") as f:
+    with open_binary(path) as f:
         return read_gguf_header(f, os.fsdecode(path), os.fstat(f.fileno()).st_size)
 
 

@@ -59,6 +59,7 @@ from typing import Any
 from store.blobs import fsync_dir
 from store.digest import Digest, is_blob_name
 from store.errors import InvalidDigestError, InvalidNameError, LockBusyError, StoreError
+from store.fileio import open_binary
 from store.layout import Layout
 from store.lockfile import LockFile, host_id
 from store.manifest import (
@@ -416,7 +417,7 @@ class TagHistory:
 
     def _read_lines(self) -> list[bytes]:
         try:
-            with open(self.log_path, "rb") as f:
+            with open_binary(self.log_path) as f:
                 data = f.read()
         except FileNotFoundError:
             return []
@@ -440,7 +441,7 @@ class TagHistory:
         try:
             size = os.fstat(fd).st_size
             if size:
-                with open(self.log_path, "rb") as f:
+                with open_binary(self.log_path) as f:
                     f.seek(size - 1)
                     if f.read(1) != b"\n":
                         body = b"\n" + body  # fence off a line torn by a crash

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from store.digest import Digest
 from store.errors import StoreError
+from store.fileio import open_binary
 from store.layout import Layout
 from store.lockfile import host_id
 from store.owner import write_atomic
@@ -120,7 +121,7 @@ def read_leases(layout: Layout, now: float | None = None) -> LeaseSet:
         path = layout.leases / name
         rel = f".modelfs/leases/{name}"
         try:
-            with open(path, "rb") as f:
+            with open_binary(path) as f:
                 mtime = os.fstat(f.fileno()).st_mtime
                 raw = f.read(MAX_LEASE_BYTES + 1)
             if len(raw) > MAX_LEASE_BYTES:

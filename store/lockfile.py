@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from store.errors import LockBusyError, LockLostError
+from store.fileio import open_binary
 from store.owner import adopt, make_dirs
 
 
@@ -83,7 +84,7 @@ def read_holder(path: Path) -> Holder | None:
     """The lock's holder; None when there is no lock. An unreadable body gives a Holder with
     no host, which goes stale by its heartbeat alone."""
     try:
-        with open(path, "rb") as f:
+        with open_binary(path) as f:
             st = os.fstat(f.fileno())
             body = f.read(64 << 10)
     except FileNotFoundError:

@@ -69,8 +69,7 @@ class _Reader:
             try:
                 name_from_path_parts(parts, v2=v2)
             except InvalidNameError:
-                # Ollama's prune stops at these too (`.DS_Store`): we cannot tell what they are.
-                self._unreadable(rel, "not a valid model name, so not known to be no manifest")
+                self._invalid_name(Path(de.path), rel)
                 continue
             try:
                 self.manifest_file(Path(de.path), rel)
@@ -82,6 +81,20 @@ class _Reader:
                     self._unreadable(rel, exc.strerror or str(exc))
                 else:
                     self._unreadable(rel, str(exc).removeprefix(f"{rel}: "))
+
+    def _invalid_name(self, path: Path, rel: str) -> None:
+        """A file where a tag would be whose name no tag can have (`.DS_Store`, `._latest`
+        from a Mac, `latest~` from an editor). No tool names a model so, yet one might be a
+        manifest copied under an odd name: one whose bytes are a manifest keeps its blobs,
+        and either way it is a stray, reported and kept, and GC goes on."""
+        try:
+            raw = read_limited(path, MAX_MANIFEST_BYTES)
+            self.manifest_bytes(raw, rel)
+        except (StoreError, OSError):
+            message = "not a valid model name, and no manifest"
+        else:
+            message = "not a valid model name, but a manifest: its blobs are kept"
+        self.reach.strays.append(Problem("stray", rel, message))
 
     def manifest_file(self, path: Path, rel: str) -> None:
         trashed = None

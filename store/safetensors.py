@@ -19,6 +19,7 @@ from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any, BinaryIO, NamedTuple
 
 from store.errors import SafetensorsError
+from store.fileio import open_binary
 
 # The reference library's own cap on N (MAX_HEADER_SIZE in tensor.rs).
 MAX_HEADER = 100_000_000
@@ -373,12 +374,12 @@ def _metadata(value: Any, err: type[SafetensorsError], source: str) -> dict[str,
 
 def read_header_length(path: str | os.PathLike[str]) -> int:
     """The header length a safetensors file's first 8 bytes claim (0 if it has fewer)."""
-    with open(path, "rb") as f:
+    with open_binary(path) as f:
         prefix = f.read(8)
     return int.from_bytes(prefix, "little") if len(prefix) == 8 else 0
 
 
 def read_safetensors_header_path(path: str | os.PathLike[str]) -> SafetensorsHeader:
     """Read the safetensors header of a file; OSError if it cannot be opened."""
-    with open(path, "rb") as f:
+    with open_binary(path) as f:
         return read_safetensors_header(f, os.fsdecode(path), os.fstat(f.fileno()).st_size)

@@ -13,7 +13,6 @@ import stat
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
 
 from store.digest import Digest, is_blob_name
 from store.errors import (
@@ -23,6 +22,7 @@ from store.errors import (
     ModelNotFoundError,
     StoreError,
 )
+from store.fileio import open_binary, read_file, read_open
 from store.layout import Layout
 from store.manifest import (
     MAX_CONFIG_BYTES,
@@ -291,14 +291,8 @@ class StoreIndex:
 
 
 def read_limited(path: Path | str, limit: int) -> bytes:
-    with open(path, "rb") as f:
-        return _read_open(f, limit)
-
-
-def _read_open(f: BinaryIO, limit: int) -> bytes:
-    # read(limit + 1) would allocate a limit-sized buffer for every few-KiB manifest.
-    size = os.fstat(f.fileno()).st_size
-    return f.read(limit + 1 if size > limit else -1)
+    """At most `limit` + 1 bytes of the regular file at `path` (store.fileio's rule)."""
+    return read_file(path, limit)
 
 
 _TreeItem = tuple[tuple[str, ...], os.DirEntry[str] | None, str]
@@ -550,9 +544,9 @@ class Scanner:
                 return raw, bst
             if not stat.S_ISREG(lst.st_mode):
                 raise ManifestError(f"{rel}: not a regular file")
-            with open(path, "rb") as f:
+            with open_binary(path) as f:
                 st = os.fstat(f.fileno())
-                raw = _read_open(f, MAX_MANIFEST_BYTES)
+                raw = read_open(f, MAX_MANIFEST_BYTES)
             return raw, st
         except OSError as exc:
             raise ManifestError(f"{rel}: {exc.strerror or exc}") from None

@@ -31,6 +31,7 @@ from pathlib import Path
 import xxhash
 
 from store.digest import is_blob_name
+from store.fileio import open_fd
 from store.layout import Layout
 from store.owner import make_dirs, write_atomic
 
@@ -154,7 +155,7 @@ def check_blob(
     name = path.name
     want = name.removeprefix("sha256-")
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = open_fd(path, follow=False)
     except OSError as exc:
         return BlobCheck(name, "unreadable", 0, error=_why(exc))
     try:

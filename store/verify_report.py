@@ -104,6 +104,9 @@ def survey(index: StoreIndex, reach: Reach) -> Survey:
     root = index.layout.root
     out = Survey(referenced=reach.digests)
     foreign: dict[Digest, str] = {}
+    # A stray in the manifests trees is told in GC's words (the walk that GC shares knows
+    # whether it held a manifest).
+    words = {p.path: p.message for p in reach.strays}
     for problem in index.problems:
         if problem.kind == "foreign-blob":
             out.misnamed.append(
@@ -112,13 +115,18 @@ def survey(index: StoreIndex, reach: Reach) -> Survey:
             with contextlib.suppress(InvalidDigestError):
                 foreign[Digest.parse(problem.path.rsplit("/", 1)[-1])] = problem.path
         elif problem.kind in ("stray", "bad-blob", "removed-tag"):
-            out.stray.append((problem.path, _lsize(root, problem.path), problem.message))
+            message = words.get(problem.path, problem.message)
+            out.stray.append((problem.path, _lsize(root, problem.path), message))
         elif problem.kind == "bad-manifest":
             out.bad_manifests.append((problem.path, problem.message))
     # The reachability walk reads every manifest file, also legacy files a v2 tag hides: one of
     # those that cannot be read is a broken manifest too (one the scan calls a stray, such as
     # a `.DS_Store` where a tag would be, stays a stray: it is no lost model).
     known = {path for path, _ in out.bad_manifests} | {path for path, _, _ in out.stray}
+    for problem in reach.strays:  # in the words GC reports them with
+        if problem.path not in known:
+            known.add(problem.path)
+            out.stray.append((problem.path, _lsize(root, problem.path), problem.message))
     for problem in reach.unreadable:
         if problem.path not in known:
             known.add(problem.path)

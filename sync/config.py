@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from store.durations import parse_duration
 from store.errors import InvalidNameError
+from store.fileio import open_binary
 from store.gc import GcPolicy, grace_problem
 from store.leases import DEFAULT_TTL
 from store.lockfile import host_id
@@ -161,7 +162,7 @@ def load_config(path: str | os.PathLike[str]) -> SyncConfig:
     """Read and check the whole file; ConfigError (one line) on the first problem."""
     path = Path(path)
     try:
-        with open(path, "rb") as f:
+        with open_binary(path) as f:
             raw = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None

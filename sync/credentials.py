@@ -19,6 +19,7 @@ import os
 from dataclasses import dataclass
 from typing import overload
 
+from store.fileio import open_binary
 from sync.errors import SyncError
 
 MAX_TOKEN_FILE = 1024
@@ -54,7 +55,7 @@ def read_credentials(path: str | os.PathLike[str] | None) -> Credentials | None:
         return None
     where = os.fspath(path)
     try:
-        with open(path, "rb") as f:
+        with open_binary(path) as f:
             raw = f.read(MAX_TOKEN_FILE + 1)
     except OSError as exc:
         raise CredentialsError(f"cannot read token file {where}: {exc.strerror}") from None

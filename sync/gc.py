@@ -107,6 +107,7 @@ class GcReport:
             "dry_run": self.dry_run,
             "ok": self.ok,
             "refused": [{"path": p.path, "message": p.message} for p in self.refused],
+            "strays": [{"path": p.path, "message": p.message} for p in plan.strays],
             "aborted": self.aborted,
             "errors": self.errors,
             "manifests": plan.manifests,

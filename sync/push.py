@@ -44,6 +44,7 @@ import trio
 
 from store.digest import CHUNK, Digest
 from store.errors import CorruptBlobError, InvalidDigestError, MissingBlobError, StoreError
+from store.fileio import open_binary
 from store.manifest import (
     MAX_MANIFEST_BYTES,
     MEDIA_MANIFEST,
@@ -307,7 +308,7 @@ def _read_hash(f: BinaryIO, n: int, h: hashlib._Hash) -> bytes:
 
 
 def _read_small(path: Path, size: int) -> tuple[bytes, Digest]:
-    with open(path, "rb") as f:
+    with open_binary(path) as f:
         data = f.read(size + 1)
     return data, Digest.of_bytes(data)
 

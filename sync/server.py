@@ -80,6 +80,7 @@ from store.errors import (
     ModelNotFoundError,
     StoreError,
 )
+from store.fileio import open_fd
 from store.layout import Layout
 from store.manifest import (
     LAYER_PREFIX,
@@ -767,7 +768,7 @@ class RegistryApp:
         """A manifest held only as a blob (no tag names it): read, verified, parsed."""
         missing = ModelNotFoundError(f"manifest {digest} not found")
         try:
-            fd = os.open(self.layout.blob(digest), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = open_fd(self.layout.blob(digest), follow=False)
         except OSError:
             raise missing from None
         try:
@@ -790,7 +791,7 @@ class RegistryApp:
         quarantined, and as long as every manifest that names it says."""
         path = self.layout.blob(digest)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = open_fd(path, follow=False)
         except OSError as exc:
             # ELOOP: a symlink where a blob should be could point anywhere; never follow it.
             raise MissingBlobError(f"blob {digest} not found") from exc

@@ -47,6 +47,8 @@ from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import load_ssh_public_key
 
+from store.fileio import open_binary
+
 log = logging.getLogger(__name__)
 
 TOKEN_PATH = "/modelfs/v1/token"
@@ -139,7 +141,7 @@ class AuthorizedKeys:
             log.warning("%s holds no ssh-ed25519 key: no Ollama host can sign in", self.path)
 
     def _load(self, st: os.stat_result) -> None:
-        with open(self.path, "rb") as f:
+        with open_binary(self.path) as f:
             raw = f.read(MAX_KEYS_FILE + 1)
         if len(raw) > MAX_KEYS_FILE:
             raise OSError(0, f"larger than {MAX_KEYS_FILE} bytes")

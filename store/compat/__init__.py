@@ -24,6 +24,7 @@ from store.compat.compute import ComputeCache
 from store.compat.draft import Draft
 from store.compat.handlers import NOT_PORTED, TEXT_ARCHES, translate_clip, translate_text
 from store.compat.view import GGUFView, build_view
+from store.fileio import open_binary
 from store.gguf import FIXED_SIZES, MAGIC, T_ARRAY, T_STRING, GGUFHeader, read_gguf_header
 
 __all__ = [
@@ -132,7 +133,7 @@ def may_need_view(path: Path) -> bool:
     """False when the blob's architecture has no rule, read from its first bytes (and, for
     the many plain llama files, a vocabulary too small to be Llama 3's)."""
     try:
-        with open(path, "rb") as f:
+        with open_binary(path) as f:
             arch = peek_architecture(f)
             if arch == "llama":
                 count = peek_token_count(f)
@@ -147,7 +148,7 @@ def compat_views(
 ) -> CompatViews | None:
     """The views of the GGUF at `path` (a blob named by `source_hex`), or None when no rule
     applies. GGUFError/OSError when the file cannot be read."""
-    with open(path, "rb") as f:
+    with open_binary(path) as f:
         size = os.fstat(f.fileno()).st_size
         if header is None:
             header = read_gguf_header(f, str(path), size)
@@ -183,7 +184,7 @@ def may_need_mmproj_view(path: Path) -> bool:
     a view, told from its first bytes: it is no GGUF, or of an architecture no clip rule
     reads."""
     try:
-        with open(path, "rb") as f:
+        with open_binary(path) as f:
             arch = peek_architecture(f)
     except OSError:
         return False
@@ -194,7 +195,7 @@ def mmproj_view(path: Path, source_hex: str, header: GGUFHeader | None = None) -
     """The view of a separate projector file (`projector` layer) llama.cpp needs as
     `--mmproj`, or None when it loads the file as it is: LLaVA-style projectors without
     clip.projector_type. GGUFError/OSError when the file cannot be read."""
-    with open(path, "rb") as f:
+    with open_binary(path) as f:
         size = os.fstat(f.fileno()).st_size
         if header is None:
             header = read_gguf_header(f, str(path), size)

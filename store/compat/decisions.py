@@ -21,6 +21,7 @@ import logging
 from pathlib import Path
 
 from store.digest import Digest
+from store.fileio import open_binary
 from store.layout import Layout
 from store.owner import write_atomic
 
@@ -53,7 +54,7 @@ class Decisions:
         self._used: set[str] = set()
         self._dirty = False
         try:
-            with open(self.path, "rb") as f:
+            with open_binary(self.path) as f:
                 data = json.loads(f.read(16 << 20))
             if (
                 isinstance(data, dict)

@@ -17,6 +17,7 @@ from typing import BinaryIO
 
 from store.compat.compute import LITERAL_OPS, OPS, ComputeCache, cache_name
 from store.compat.draft import Compute, Draft, check_tensor
+from store.fileio import open_binary
 from store.gguf import (
     DEFAULT_ALIGNMENT,
     T_ARRAY,
@@ -112,7 +113,7 @@ class GGUFView:
         path, data = cache.get(self.source_hex, p.name, p.compute, read_source)
         if path is None:
             return data[lo : lo + n]
-        with open(path, "rb") as f:
+        with open_binary(path) as f:
             chunk = os.pread(f.fileno(), n, lo)
         if len(chunk) != n:
             raise OSError(f"{path}: short read")
