@@ -332,8 +332,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
         # Each failure was said as it happened; the summary says where the run ended.
         for result in report.models:
             log.warning("pulled:     %s", result.name)
-        for _, exc in report.failed:
-            log.warning("NOT pulled: %s", _one_line(str(exc)))
+        for _, failure in report.failed:
+            log.warning("NOT pulled: %s", _one_line(str(failure)))
         names = ", ".join(text for text, _ in report.failed)
         raise UserError(f"{len(report.failed)} of {len(args.names)} models not pulled: {names}")
     return 0
@@ -643,7 +643,7 @@ class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
     def __init__(self) -> None:
         super().__init__(sys.stderr)
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> TextIO:
         return sys.stderr
 

@@ -238,8 +238,8 @@ class TagHistory:
                 if before != entry.digest:
                     changes.append(Change(entry.name, before, entry.digest, now, self.host))
             if not blind:
-                for key, last in latest.items():
-                    if last.new is not None and key not in seen and key not in unreadable:
+                for old_key, last in latest.items():
+                    if last.new is not None and old_key not in seen and old_key not in unreadable:
                         changes.append(Change(last.name, last.new, None, now, self.host))
             # The manifests first, then the records naming them: a crash between the two
             # leaves files that the next observe or prune accounts for, never a dangling record.

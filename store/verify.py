@@ -198,7 +198,7 @@ def _settled(check: BlobCheck, fd: int, path: Path) -> BlobCheck:
         now = os.lstat(path)
     except OSError:
         after, now = None, None
-    if after != check.key or now is None or now.st_ino != after.ino:
+    if after is None or now is None or after != check.key or now.st_ino != after.ino:
         check.status, check.entry, check.actual = "changed", None, None
     return check
 

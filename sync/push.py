@@ -260,12 +260,12 @@ def _registry_errors(response: httpx.Response) -> str:
     for err in errors[:3]:
         if not isinstance(err, dict):
             continue
-        text = f"{err.get('code', '?')}: {err.get('message', '')}"
+        part = f"{err.get('code', '?')}: {err.get('message', '')}"
         detail = err.get("detail")
         if detail:
             detail_text = detail if isinstance(detail, str) else json.dumps(detail)
-            text += f" ({detail_text[:120]})"
-        parts.append(text)
+            part += f" ({detail_text[:120]})"
+        parts.append(part)
     return "; ".join(parts)
 
 

@@ -951,7 +951,9 @@ class RegistryApp:
         s = self.stats
         out: list[str] = []
 
-        def metric(name: str, kind: str, help_text: str, samples: Iterable[tuple[str, float]]):
+        def metric(
+            name: str, kind: str, help_text: str, samples: Iterable[tuple[str, float]]
+        ) -> None:
             out.append(f"# HELP modelfs_{name} {help_text}")
             out.append(f"# TYPE modelfs_{name} {kind}")
             for labels, value in samples:

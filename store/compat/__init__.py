@@ -120,7 +120,8 @@ def peek_token_count(f: BinaryIO, limit: int = 1 << 16) -> int | None:
         return None
     for key, vtype, pos in _walk_kvs(head, 1 << 20):
         if key == b"tokenizer.ggml.tokens" and vtype == T_ARRAY and pos + 12 <= len(head):
-            return struct.unpack_from("<Q", head, pos + 4)[0]
+            count: int = struct.unpack_from("<Q", head, pos + 4)[0]
+            return count
     return None
 
 
