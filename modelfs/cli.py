@@ -175,8 +175,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_push(args: argparse.Namespace) -> int:
+    from modelfs.push import run_push
     from sync.errors import SyncError
-    from sync.push import run_push
 
     index = _open_index(args)
     try:
@@ -296,8 +296,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
+    from modelfs.progress import BarProgress, JsonProgress, LineProgress
     from sync.credentials import read_credentials
-    from sync.progress import BarProgress, JsonProgress, LineProgress, Progress
+    from sync.progress import Progress
     from sync.pull import PullOptions, run_pull
 
     sources = [u.rstrip("/") for u in args.sources]

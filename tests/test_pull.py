@@ -596,7 +596,7 @@ def test_progress_renderers() -> None:
     import io
     import logging
 
-    from sync.progress import BarProgress, JsonProgress, LineProgress
+    from modelfs.progress import BarProgress, JsonProgress, LineProgress
 
     d = Digest("ab" * 32)
     out = io.StringIO()
