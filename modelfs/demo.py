@@ -109,7 +109,7 @@ class DemoLayer:
     name: str | None = None
     """The layer's `name` field (tensor and json layers)."""
     file: str | None = None
-    """The file DESIGN §3 makes of it in a model directory; None where the table is silent."""
+    """The file store/files.py makes of it in a model directory; None where its table is silent."""
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {

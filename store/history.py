@@ -1,4 +1,5 @@
-"""Tag history: what each name pointed at before, kept for `history_retention` (DESIGN §6).
+"""Tag history: what each name pointed at before, kept for `history_retention` (README,
+"Tag history").
 
 A built-in version of the watcher users write by hand ("copy each model before a re-pull and
 delete the copy after a week"): every time a name's manifest digest changes here, the change

@@ -1,4 +1,5 @@
-"""Checking blobs against their names: hashing, the verify cache, quarantine (DESIGN §5).
+"""Checking blobs against their names: hashing, the verify cache, quarantine (README,
+"Checking the store").
 
     check_blob(path, cached, quick=...) -> BlobCheck      one blob, in one pass over its bytes
     VerifyCache.load(layout) / .save()                     `<store>/.modelfs/verify/cache.json`

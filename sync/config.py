@@ -1,8 +1,8 @@
-"""The daemon's TOML config (DESIGN §6), checked whole before anything starts.
+"""The daemon's TOML config (README, "The sync daemon"), checked whole before anything starts.
 
 Every mistake is one line naming the file and the key: an unknown key (a typo must not be
-silently ignored), a wrong type, a bad value. Defaults follow DESIGN §6; the store falls back
-to the discovery rules of §2 when the key is absent.
+silently ignored), a wrong type, a bad value. Defaults are the README's; the store falls back
+to the discovery rules of store/layout.py when the key is absent.
 """
 
 from __future__ import annotations

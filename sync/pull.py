@@ -596,7 +596,8 @@ class Puller:
             for layer in m.layers:
                 blobs.setdefault(layer.digest, layer.size)
         # Leased (on disk) before any blob is judged present or fetched, until the manifest
-        # names them: a GC on any host leaves them alone meanwhile (DESIGN §5 invariant 3).
+        # names them: a GC on any host leaves them alone meanwhile (GC invariant 3,
+        # docs/architecture.md).
         roots = [top.digest, *(f.digest for _, f, _ in children if f is not None), *blobs]
         try:
             await lease.hold(roots)

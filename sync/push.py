@@ -1,4 +1,4 @@
-"""`modelfs push`: models from the store to an OCI registry (DESIGN §4, §6).
+"""`modelfs push`: models from the store to an OCI registry.
 
 Everything local is checked before the first request: every name resolves, maps to an OCI
 repository (sync/registry_names.py), and has all its blobs in the store at the sizes its

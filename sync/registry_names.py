@@ -13,7 +13,7 @@ separators side by side or at the end, `:` in a host), so some names need a rule
     registry.ollama.ai/library/_x:1     refused: '_x' cannot start an OCI component
 
 - The default host (`registry.ollama.ai`, `ollama.com`) is left out: `<ns>/<model>`. Any other
-  host is the first of three components (DESIGN §4).
+  host is the first of three components (as in sync/protocol.py).
 - **Case is folded to lowercase** in the repository. Ollama's own identity of a name is
   case-insensitive per part (`getExistingName`), so `SmolLM2` and `smollm2` are one model and
   this loses nothing Ollama distinguishes; the spelling on disk comes from the name given to

@@ -1,4 +1,4 @@
-"""The read-only OCI distribution server over one store (DESIGN §4), as a plain ASGI app.
+"""The read-only OCI distribution server over one store, as a plain ASGI app.
 
     RegistryApp(layout, token=None, prefer=DEFAULT_PREFER)    an ASGI 3 callable
 

@@ -1,4 +1,4 @@
-"""`modelfs pull` as a real process between hosts that are real processes (issue 4).
+"""`modelfs pull` as a real process between hosts that are real processes.
 
 Every host is a store root of its own and a server process on a loopback port: the real
 `modelfs serve` where it is about replication, tests/fakepeer.py (`python -m

@@ -1,4 +1,4 @@
-"""llama.cpp-compatible views of Ollama-layout GGUFs (issue 7).
+"""llama.cpp-compatible views of Ollama-layout GGUFs.
 
 Many GGUFs Ollama publishes carry names and layouts upstream llama.cpp refuses; Ollama
 translates them in memory at load time (`llama/compat/` in ollama/ollama). This package

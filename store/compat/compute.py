@@ -1,7 +1,7 @@
 """Tensors whose bytes must change, made from source bytes on first read and cached.
 
 Each op mirrors an upstream load op (ollama/ollama `llama/compat/`); the cache lives in
-`<store>/.modelfs/compat/<source hex>/` (DESIGN §2: modelfs's own state), one file per
+`<store>/.modelfs/compat/<source hex>/` (modelfs's own state, store/layout.py), one file per
 tensor, written to a temp name and renamed when whole, so a reader never sees half a file.
 Where the store cannot be written (read-only stores exist), the bytes are kept in memory.
 """
