@@ -357,6 +357,7 @@ def test_pull_starts_a_store_where_there_is_none(
     assert tree(home / ".ollama" / "models") == tree(tiny.root)
 
 
+@pytest.mark.slow
 def test_a_pull_cut_short_by_a_dead_peer_leaves_no_broken_model(tmp_path: Path) -> None:
     """`modelfs pull` of a manifest list whose main blob takes the large path, from a real
     `modelfs serve` killed (-9) mid-transfer: `verify` and `ls` then find nothing wrong (no
