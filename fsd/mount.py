@@ -179,8 +179,9 @@ class Mount:
             pyfuse3.close(unmount=clean)
 
     async def _main(self) -> None:
-        # The mount's lease: the blobs of files open through it (DESIGN §5 invariant 3). A
-        # store where it cannot be written (read-only, someone else's) is served all the same.
+        # The mount's lease: the blobs of files open through it (GC invariant 3 in
+        # docs/architecture.md). A store where it cannot be written (read-only, someone
+        # else's) is served all the same.
         async with leased(LeaseKeeper(self.layout, "mount"), strict=False) as lease:
             self.ops.lease = lease
             if self.data == "symlink":

@@ -12,10 +12,10 @@ import itertools
 import logging
 import os
 import stat
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import pyfuse3
 import trio
@@ -67,6 +67,8 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 # blob, in the blob's own page cache. It takes a pyfuse3 built by scripts/build-passthrough, a
 # kernel >= 6.9 and CAP_SYS_ADMIN; short of that, reads come through the daemon as before.
 PASSTHROUGH_API = hasattr(pyfuse3, "backing_open")
+# The `type: ignore[attr-defined]`/`[call-arg]` below are for a stock pyfuse3, whose stubs lack
+# that build's additions; pyproject.toml lets them go unused where the patched stubs are in.
 
 
 def _errno_for(exc: BaseException) -> int:
@@ -81,7 +83,9 @@ def _errno_for(exc: BaseException) -> int:
     return errno.EIO
 
 
-def _guarded(handler: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+def _guarded(
+    handler: Callable[P, Coroutine[Any, Any, T]],
+) -> Callable[P, Coroutine[Any, Any, T]]:
     """Turn anything but FUSEError into EIO plus a log line: pyfuse3 ends its main loop on any
     other exception, and a dead daemon is worse than one failed request."""
 
@@ -173,7 +177,7 @@ class ModelOperations(pyfuse3.Operations):
         self._served: dict[int, int] = {}  # blob file inode -> its opens the daemon serves
 
     def init(self) -> None:
-        self.passthrough = PASSTHROUGH_API and pyfuse3.passthrough_negotiated()
+        self.passthrough = PASSTHROUGH_API and pyfuse3.passthrough_negotiated()  # type: ignore[attr-defined]
         if self.passthrough:
             log.info("FUSE passthrough: the kernel reads blob files itself")
         else:
@@ -259,7 +263,7 @@ class ModelOperations(pyfuse3.Operations):
     def _handed_out(self, inode: int) -> None:
         self._lookups[inode] = self._lookups.get(inode, 0) + 1
 
-    async def forget(self, inode_list: list[tuple[int, int]]) -> None:
+    async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         # Must not raise (pyfuse3 cannot answer a forget). A node of the served tree stays; one
         # kept only for the kernel goes with its last reference.
         for inode, count in inode_list:
@@ -349,7 +353,9 @@ class ModelOperations(pyfuse3.Operations):
         self._handles[fh] = handle
         if handle.backing_id:
             # Reads never reach the mount's page cache, so it need not keep anything.
-            return pyfuse3.FileInfo(fh=fh, keep_cache=False, backing_id=handle.backing_id)
+            return pyfuse3.FileInfo(  # type: ignore[call-arg]
+                fh=fh, keep_cache=False, backing_id=handle.backing_id
+            )
         # Blob-backed content never changes under an inode, so the page cache may keep it
         # across opens; that is what makes a second read run at memory speed.
         return pyfuse3.FileInfo(fh=fh, keep_cache=True, direct_io=False)
@@ -365,7 +371,7 @@ class ModelOperations(pyfuse3.Operations):
         if not self.passthrough or self._served.get(inode):
             return 0
         try:
-            backing_id: int = pyfuse3.backing_open(fd)
+            backing_id: int = pyfuse3.backing_open(fd)  # type: ignore[attr-defined]
         except OSError as exc:
             if exc.errno == errno.EPERM:
                 self.passthrough = False
@@ -461,7 +467,7 @@ class ModelOperations(pyfuse3.Operations):
                 del self._idle_backing[inode]
                 backing_id = self._backing.pop(inode)[0]
                 try:
-                    pyfuse3.backing_close(backing_id)
+                    pyfuse3.backing_close(backing_id)  # type: ignore[attr-defined]
                 except OSError as exc:
                     log.warning("closing backing id %d: %s", backing_id, exc.strerror)
 

@@ -1,4 +1,4 @@
-"""The name tree a mount shows, built from a store scan (DESIGN §3).
+"""The name tree a mount shows, built from a store scan (README, "The mount").
 
 A tree is immutable once built; a change in the store builds a new one. Inode numbers come from
 an `InodeTable` that lives as long as the mount, keyed by what a node *is* (a directory's path,

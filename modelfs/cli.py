@@ -175,8 +175,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_push(args: argparse.Namespace) -> int:
+    from modelfs.push import run_push
     from sync.errors import SyncError
-    from sync.push import run_push
 
     index = _open_index(args)
     try:
@@ -296,8 +296,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
+    from modelfs.progress import BarProgress, JsonProgress, LineProgress
     from sync.credentials import read_credentials
-    from sync.progress import BarProgress, JsonProgress, LineProgress, Progress
+    from sync.progress import Progress
     from sync.pull import PullOptions, run_pull
 
     sources = [u.rstrip("/") for u in args.sources]
@@ -332,8 +333,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
         # Each failure was said as it happened; the summary says where the run ended.
         for result in report.models:
             log.warning("pulled:     %s", result.name)
-        for _, exc in report.failed:
-            log.warning("NOT pulled: %s", _one_line(str(exc)))
+        for _, failure in report.failed:
+            log.warning("NOT pulled: %s", _one_line(str(failure)))
         names = ", ".join(text for text, _ in report.failed)
         raise UserError(f"{len(report.failed)} of {len(args.names)} models not pulled: {names}")
     return 0
@@ -643,7 +644,7 @@ class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
     def __init__(self) -> None:
         super().__init__(sys.stderr)
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> TextIO:
         return sys.stderr
 

@@ -42,6 +42,7 @@ distinct dates so that "newest first" can be tested.
 from __future__ import annotations
 
 import argparse
+import builtins
 import dataclasses
 import io
 import json
@@ -108,7 +109,7 @@ class DemoLayer:
     name: str | None = None
     """The layer's `name` field (tensor and json layers)."""
     file: str | None = None
-    """The file DESIGN §3 makes of it in a model directory; None where the table is silent."""
+    """The file store/files.py makes of it in a model directory; None where its table is silent."""
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -249,7 +250,7 @@ class _Tensor:
         assert self.ne[0] % block == 0, f"{self.name}: row {self.ne[0]} not a multiple of {block}"
         return self.elements // block * size
 
-    def chunks(self, seed: str) -> Iterator[bytes]:
+    def chunks(self, seed: str) -> Iterator[bytes | memoryview]:
         rng = _rng(seed, self.name)
         if self.qtype in (Q.F32, Q.F16):
             n = self.elements
@@ -307,7 +308,7 @@ class _GGUF:
             w.close()
             return path.read_bytes()
 
-    def chunks(self, seed: str) -> Iterator[bytes]:
+    def chunks(self, seed: str) -> Iterator[bytes | memoryview]:
         """The whole file: the header, then each tensor's data padded to the alignment."""
         head = self.header()
         yield head
@@ -1244,7 +1245,7 @@ def _params(**kw: Any) -> bytes:
 class _ChunkReader(io.RawIOBase):
     """A read-only stream over an iterator of byte chunks (for BlobStore.put_stream)."""
 
-    def __init__(self, chunks: Iterable[bytes]) -> None:
+    def __init__(self, chunks: Iterable[bytes | memoryview]) -> None:
         self._it = iter(chunks)
         self._buf = memoryview(b"")
 
@@ -1295,11 +1296,15 @@ class _Writer:
         size = self.layout.blob(digest).stat().st_size
         return DemoLayer(media_type, digest, size, name, _file_for(media_type, name))
 
-    def bytes(self, data: bytes, media_type: str, name: str | None = None) -> DemoLayer:
+    # builtins.bytes: inside this class `bytes` names the method below.
+    def bytes(self, data: builtins.bytes, media_type: str, name: str | None = None) -> DemoLayer:
         return self._layer(self.store.put_bytes(data), media_type, name)
 
     def stream(
-        self, chunks: Iterable[bytes], media_type: str, name: str | None = None
+        self,
+        chunks: Iterable[builtins.bytes | memoryview],
+        media_type: str,
+        name: str | None = None,
     ) -> DemoLayer:
         return self._layer(self.store.put_stream(_ChunkReader(chunks)), media_type, name)
 
@@ -1317,7 +1322,7 @@ class _Writer:
         runner: str | None = None,
         fmt: str | None = None,
         newline: bool,
-    ) -> bytes:
+    ) -> builtins.bytes:
         obj: dict[str, Any] = {
             "schemaVersion": 2,
             "mediaType": MEDIA_MANIFEST,

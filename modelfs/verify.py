@@ -61,10 +61,10 @@ def render(report: Report) -> str:
             + ("; some may belong to the bad manifests above" if report.bad_manifests else "")
         )
         for name, size in report.orphaned[:LIST_AT_MOST]:
-            why = report.kept.get(name)
+            kept_why = report.kept.get(name)
             out.append(
                 f"              blobs/{name}  {human_bytes(size)}"
-                + (f"  kept: {why}" if why else "")
+                + (f"  kept: {kept_why}" if kept_why else "")
             )
         if len(report.orphaned) > LIST_AT_MOST:
             out.append(f"              … and {len(report.orphaned) - LIST_AT_MOST} more (--json)")
@@ -79,15 +79,15 @@ def render(report: Report) -> str:
             f"STRAY       {len(report.stray)} file(s), {human_bytes(report.stray_bytes)}, "
             "neither blobs nor manifests (left alone)"
         )
-        for path, size, why in report.stray[:LIST_AT_MOST]:
-            shown = "" if size is None else f"  {human_bytes(size)}"
-            out.append(f"              {path}{shown}: {why}")
+        for path, stray_size, stray_why in report.stray[:LIST_AT_MOST]:
+            shown = "" if stray_size is None else f"  {human_bytes(stray_size)}"
+            out.append(f"              {path}{shown}: {stray_why}")
         if len(report.stray) > LIST_AT_MOST:
             out.append(f"              … and {len(report.stray) - LIST_AT_MOST} more (--json)")
-    for m in report.misnamed:
+    for mis in report.misnamed:
         out.append(
-            f"MISNAMED    {m.path}: copied from another OS; Ollama's name for it is sha256-…; "
-            f"fix, in {report.root}:  {m.fix}"
+            f"MISNAMED    {mis.path}: copied from another OS; Ollama's name for it is sha256-…; "
+            f"fix, in {report.root}:  {mis.fix}"
         )
     if report.quarantine:
         total = sum(size for _, size in report.quarantine)

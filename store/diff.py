@@ -1,6 +1,6 @@
 """What changed between two versions of a model, and what kind of change it is.
 
-Each side is a tag of the store (its preferred variant, DESIGN §3 `prefer`) or a manifest
+Each side is a tag of the store (its preferred variant, by `prefer`: store/scan.py) or a manifest
 digest (`sha256:<hex>`, or 12 or more hex digits of it) found among the tags, in `blobs/` or in
 the tag history (store.history). The compared manifests are the variants: for a manifest list,
 the child chosen by `prefer` among those whose manifest is at hand.

@@ -6,7 +6,7 @@ import hashlib
 import os
 import re
 from dataclasses import dataclass
-from typing import BinaryIO
+from io import BufferedIOBase
 
 from store.errors import InvalidDigestError
 from store.fileio import open_binary
@@ -68,7 +68,7 @@ def is_blob_name(name: str) -> bool:
     return _BLOB_NAME.fullmatch(name) is not None
 
 
-def sha256_stream(f: BinaryIO) -> str:
+def sha256_stream(f: BufferedIOBase) -> str:
     h = hashlib.sha256()
     buf = bytearray(CHUNK)
     view = memoryview(buf)

@@ -1,4 +1,5 @@
-"""Durations as users write them (DESIGN §6): `90s`, `10m`, `1h`, `7d`, or plain seconds."""
+"""Durations as users write them in flags and the config: `90s`, `10m`, `1h`, `7d`, or
+plain seconds."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The file each layer of a manifest becomes in a model directory (DESIGN §3).
+"""The file each layer of a manifest becomes in a model directory (README, "The mount").
 
 Shared by the mount, which serves these paths, and `modelfs show`, which prints them.
 """

@@ -1,6 +1,7 @@
 """Garbage collection planning and its steps, safe on a directory shared by several hosts.
 
-The invariants of DESIGN §5, and where each is kept:
+The GC invariants (docs/architecture.md lists each with the test that guards it), and
+where each is kept:
 
 1. reachable blobs are never candidates: `store.reach` reads every manifest in every form;
 2. an unreadable manifest or lease makes the plan `refused`: a refused plan deletes and moves
@@ -52,7 +53,7 @@ log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
 
-# Ollama's temp and partial files in blobs/ (research/ollama-store.md): `<blob>-partial`,
+# Ollama's temp and partial files in blobs/ (ollama/ollama fb30760): `<blob>-partial`,
 # `<blob>-partial-<N>` (server/download.go), `<blob>.tmp` (x/transfer), and the
 # `sha256-<random digits>` of NewLayer's CreateTemp.
 _OLLAMA_TEMP = re.compile(r"(sha256-[0-9a-f]{64})(-partial(-\d+)?|\.tmp)|sha256-\d{1,20}")

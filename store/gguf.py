@@ -327,13 +327,13 @@ class _Reader:
 
     def u32(self) -> int:
         self._fill(4)
-        (value,) = _U32.unpack_from(self.buf, self.pos)
+        value: int = _U32.unpack_from(self.buf, self.pos)[0]
         self.pos += 4
         return value
 
     def u64(self) -> int:
         self._fill(8)
-        (value,) = _U64.unpack_from(self.buf, self.pos)
+        value: int = _U64.unpack_from(self.buf, self.pos)[0]
         self.pos += 8
         return value
 

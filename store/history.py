@@ -1,4 +1,5 @@
-"""Tag history: what each name pointed at before, kept for `history_retention` (DESIGN §6).
+"""Tag history: what each name pointed at before, kept for `history_retention` (README,
+"Tag history").
 
 A built-in version of the watcher users write by hand ("copy each model before a re-pull and
 delete the copy after a week"): every time a name's manifest digest changes here, the change
@@ -239,8 +240,8 @@ class TagHistory:
                 if before != entry.digest:
                     changes.append(Change(entry.name, before, entry.digest, now, self.host))
             if not blind:
-                for key, last in latest.items():
-                    if last.new is not None and key not in seen and key not in unreadable:
+                for old_key, last in latest.items():
+                    if last.new is not None and old_key not in seen and old_key not in unreadable:
                         changes.append(Change(last.name, last.new, None, now, self.host))
             # The manifests first, then the records naming them: a crash between the two
             # leaves files that the next observe or prune accounts for, never a dangling record.

@@ -1,4 +1,4 @@
-"""Where things live in a store root, and how the root is found (DESIGN §2)."""
+"""Where things live in a store root, and how the root is found (README: `--store`)."""
 
 from __future__ import annotations
 

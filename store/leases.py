@@ -11,7 +11,8 @@ The file's mtime is its heartbeat; it is rewritten (temp file + rename, so a rea
 sees half of one) whenever its contents change and touched between changes. A lease is live
 until its heartbeat is older than its own `ttl`. Whether its process still runs is not asked,
 not even on the same host name: two containers can share a hostname and not a pid space, and
-an error here costs a blob. A lease that cannot be read stops GC (DESIGN §5 invariant 2).
+an error here costs a blob. A lease that cannot be read stops GC (GC invariant 2,
+docs/architecture.md).
 """
 
 from __future__ import annotations

@@ -132,9 +132,11 @@ class LockFile:
             # Empty: its creator died before writing (then nobody will touch it again), or
             # the disk was full and it is alive and touching the file.
             return now - holder.heartbeat > self.stale_after
-        same_host = holder.host == self.host and holder.pid is not None
+        same_host = holder.host == self.host
         same_pids = holder.info.get("incarnation", incarnation()) == incarnation()
-        if same_host and same_pids and holder.pid != os.getpid() and not pid_alive(holder.pid):
+        pid = holder.pid
+        mine = pid is not None and pid == os.getpid()
+        if same_host and same_pids and pid is not None and not mine and not pid_alive(pid):
             return True
         return now - holder.heartbeat > self.stale_after
 

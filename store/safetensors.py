@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any, BinaryIO, NamedTuple
@@ -187,8 +187,10 @@ def _members(text: str) -> Iterator[tuple[str, Any]]:
     million tensors is never a million dicts at once (json.loads of a 100 MB header holds
     ~1 GB). Raises _Fallback on anything but a well-formed object; duplicate top-level keys
     are the caller's to find."""
-    scan = _DECODER.scan_once
-    space = _SPACE.match
+    # typeshed omits scan_once, which JSONDecoder.__init__ sets (CPython Lib/json/decoder.py).
+    scan = _DECODER.scan_once  # type: ignore[attr-defined]
+    # A `*` pattern always matches, so `match` never returns None here.
+    space: Callable[[str, int], re.Match[str]] = _SPACE.match  # type: ignore[assignment]
     try:
         i = space(text, 1).end()
         if text[i] == "}":

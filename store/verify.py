@@ -1,4 +1,5 @@
-"""Checking blobs against their names: hashing, the verify cache, quarantine (DESIGN §5).
+"""Checking blobs against their names: hashing, the verify cache, quarantine (README,
+"Checking the store").
 
     check_blob(path, cached, quick=...) -> BlobCheck      one blob, in one pass over its bytes
     VerifyCache.load(layout) / .save()                     `<store>/.modelfs/verify/cache.json`
@@ -199,7 +200,7 @@ def _settled(check: BlobCheck, fd: int, path: Path) -> BlobCheck:
         now = os.lstat(path)
     except OSError:
         after, now = None, None
-    if after != check.key or now is None or now.st_ino != after.ino:
+    if after is None or now is None or after != check.key or now.st_ino != after.ino:
         check.status, check.entry, check.actual = "changed", None, None
     return check
 

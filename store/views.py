@@ -159,14 +159,14 @@ def merge_safetensors(parts: Sequence[tuple[Path, SafetensorsHeader]]) -> Merged
             f"the merged header would be {len(text)} bytes, over the {MAX_HEADER}-byte limit"
             " of safetensors readers"
         )
-    header = len(text).to_bytes(8, "little") + text
+    merged = len(text).to_bytes(8, "little") + text
     segments = []
-    start = len(header)
+    start = len(merged)
     for path, offset, length in layout:
         if length:
             segments.append(Segment(start, path, offset, length))
         start += length
-    return MergedSafetensors(header, tuple(segments), start)
+    return MergedSafetensors(merged, tuple(segments), start)
 
 
 _json_str = json.encoder.encode_basestring_ascii  # json.dumps's own, in C

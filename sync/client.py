@@ -14,8 +14,8 @@ connection pooling, redirects, TLS and every HTTP oddity are httpx's. The bytes 
 blobs do not: `open_range` speaks just enough HTTP/1.1 on a blocking socket to send one
 ranged GET (following redirects, keeping the connection alive for the next range) and hands
 back a `RangeBody` whose `readinto` receives straight into the caller's buffer, in a worker
-thread. Measured on this project's 2-vCPU machine (research/limits.md §5, and again with
-tests/fakepeer.py on loopback): httpx streaming a 1 GiB body plus hashing and writing runs
+thread. Measured on this project's 2-vCPU machine (with tests/fakepeer.py on
+loopback): httpx streaming a 1 GiB body plus hashing and writing runs
 at 0.1-0.4 GB/s on 3-7 s of CPU, nearly all of it Python-level rechunking in the one
 event-loop thread; `recv_into` in a thread runs at the wire's speed on ~0.2 s of CPU per
 GiB, which leaves a core for sha256 (sync.pull). A response the small client does not
@@ -87,7 +87,7 @@ def repositories(name: Name) -> list[str]:
     """The repository names to ask for a model, in order.
 
     A registry wants the lowercase OCI spelling that push uses (sync.registry_names); a
-    modelfs peer looks names up case-insensitively either way. DESIGN §4's plain form
+    modelfs peer looks names up case-insensitively either way. The plain form
     (`name.repository`) follows when it differs (a host with a port).
     """
     out: list[str] = []

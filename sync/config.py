@@ -1,8 +1,8 @@
-"""The daemon's TOML config (DESIGN §6), checked whole before anything starts.
+"""The daemon's TOML config (README, "The sync daemon"), checked whole before anything starts.
 
 Every mistake is one line naming the file and the key: an unknown key (a typo must not be
-silently ignored), a wrong type, a bad value. Defaults follow DESIGN §6; the store falls back
-to the discovery rules of §2 when the key is absent.
+silently ignored), a wrong type, a bad value. Defaults are the README's; the store falls back
+to the discovery rules of store/layout.py when the key is absent.
 """
 
 from __future__ import annotations
@@ -52,12 +52,15 @@ class GcSettings:
         )
 
 
+DEFAULT_LISTEN = f"0.0.0.0:{DEFAULT_PORT}"
+
+
 @dataclass(frozen=True, slots=True)
 class SyncConfig:
     path: Path
     store: Path | None = None
     host_id: str = field(default_factory=host_id)
-    listen: str = f"0.0.0.0:{DEFAULT_PORT}"
+    listen: str = DEFAULT_LISTEN
     token_file: Path | None = None
     authorized_keys: Path | None = None
     tls_cert: Path | None = None
@@ -178,7 +181,7 @@ def load_config(path: str | os.PathLike[str]) -> SyncConfig:
     r = _Reader(path, table)
     store = r.convert("store", None, lambda s: Path(s).expanduser())
     host = r.convert("host_id", host_id(), _host_id)
-    listen = r.convert("listen", SyncConfig.listen, _listen)
+    listen = r.convert("listen", DEFAULT_LISTEN, _listen)
     token_file = r.convert("token_file", None, Path)
     authorized_keys = r.convert("authorized_keys", None, lambda s: Path(s).expanduser())
     tls_cert = r.convert("tls_cert", None, Path)

@@ -69,7 +69,7 @@ GC_FIRST_DELAY = 5.0  # the first GC after a start (at most gc.interval): soon, 
 def backoff(failures: int, interval: float) -> float:
     """Seconds from a failure to the next try, after `failures` in a row: the interval,
     doubled each time, at most MAX_BACKOFF."""
-    return min(interval * 2 ** min(failures - 1, 16), MAX_BACKOFF)
+    return min(interval * 2.0 ** min(failures - 1, 16), MAX_BACKOFF)
 
 
 def _seconds(delay: float) -> str:
@@ -194,7 +194,7 @@ class Daemon:
                 log.warning("reload: %s changed; it takes effect at the next restart", key)
         keep = {k: getattr(self.config, k) for k in fixed}
         self.config = SyncConfig(
-            **{**{k: getattr(new, k) for k in new.__dataclass_fields__}, **keep}  # type: ignore[arg-type]
+            **{**{k: getattr(new, k) for k in new.__dataclass_fields__}, **keep}
         )
         self._transfer_slots.total_tokens = self.config.max_transfers
         self._sync_peers()

@@ -227,6 +227,11 @@ class _Run:
         self.report.errors.append(message)
         log.error("gc: %s", message)
 
+    def attempt_all(
+        self, step: Callable[[FileItem], bool], items: Sequence[FileItem]
+    ) -> list[bool | None]:
+        return [self.attempt(step, i) for i in items]
+
     def attempt(self, step: Callable[[FileItem], bool], item: FileItem) -> bool | None:
         """One step: done, not done (it changed since the plan), or None (an error)."""
         try:
@@ -264,9 +269,7 @@ class _Run:
                         return
                 self.report.changed += [i for i in batch if i.digest in wanted]
                 batch = [i for i in batch if i.digest not in wanted]
-            results = await trio.to_thread.run_sync(
-                lambda b=batch: [self.attempt(step, i) for i in b]
-            )
+            results = await trio.to_thread.run_sync(self.attempt_all, step, batch)
             for item, acted in zip(batch, results, strict=True):
                 if acted:
                     done.append(item)

@@ -126,12 +126,12 @@ def encode_list(list_raw: bytes, children: Iterable[bytes]) -> bytes:
         if entry.inline is not None:
             manifests.append(entry.inline)
             continue
-        child = given.get(entry.digest)
-        if child is None or child.digest in seen:
+        found = given.get(entry.digest)
+        if found is None or found.digest in seen:
             continue
-        seen.add(child.digest)
-        manifests.append(child)
-        layers.append(_descriptor(child.media_type or MEDIA_MANIFEST, child.digest, len(child.raw)))
+        seen.add(found.digest)
+        manifests.append(found)
+        layers.append(_descriptor(found.media_type or MEDIA_MANIFEST, found.digest, len(found.raw)))
     for child in manifests:
         refs = ([child.config] if child.config is not None else []) + list(child.layers)
         for ref in refs:

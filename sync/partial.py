@@ -33,7 +33,7 @@ import logging
 import mmap
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from store.digest import Digest
 from store.errors import LockBusyError
@@ -63,7 +63,7 @@ class BlobBusyError(Exception):
 class RangeSet:
     """Disjoint, sorted, merged half-open byte ranges. Not thread-safe; callers lock."""
 
-    def __init__(self, ranges: list[tuple[int, int]] | None = None) -> None:
+    def __init__(self, ranges: Iterable[Sequence[int]] | None = None) -> None:
         self._r: list[list[int]] = []
         for start, end in ranges or ():
             self.add(start, end)
@@ -181,6 +181,7 @@ class AlignedPool:
 
 # -- writeback hint ---------------------------------------------------------------------------
 _SYNC_FILE_RANGE_WRITE = 2
+_sync_file_range: Callable[..., int] | None
 try:
     _libc = ctypes.CDLL(None, use_errno=True)
     _sync_file_range = _libc.sync_file_range

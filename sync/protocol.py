@@ -1,6 +1,7 @@
 """The wire vocabulary shared by server and client: media types, repository names, paths.
 
-`<repo>` is `<ns>/<model>` on the default host and `<host>/<ns>/<model>` otherwise (DESIGN §4).
+`<repo>` is `<ns>/<model>` on the default host and `<host>/<ns>/<model>` otherwise (README,
+"Replication over the OCI distribution API").
 """
 
 from __future__ import annotations

@@ -583,9 +583,9 @@ class Puller:
                 if absent:
                     raise absent[0][1]
                 raise PeerError(f"{top.url}: manifest list for {label} has no children")
-            for i, exc in absent:
+            for i, gone in absent:
                 runner = parsed.children[i].runner or "?"
-                log.warning("%s: no peer has its %s variant (%s); skipped", label, runner, exc)
+                log.warning("%s: no peer has its %s variant (%s); skipped", label, runner, gone)
             manifests = [m for _, _, m in children]
         else:
             manifests = [parsed]
@@ -598,7 +598,8 @@ class Puller:
             for layer in m.layers:
                 blobs.setdefault(layer.digest, layer.size)
         # Leased (on disk) before any blob is judged present or fetched, until the manifest
-        # names them: a GC on any host leaves them alone meanwhile (DESIGN §5 invariant 3).
+        # names them: a GC on any host leaves them alone meanwhile (GC invariant 3,
+        # docs/architecture.md).
         roots = [top.digest, *(f.digest for _, f, _ in children if f is not None), *blobs]
         try:
             await lease.hold(roots)
@@ -1023,8 +1024,8 @@ class Puller:
                         got,
                     )
                     continue
-                exc = PeerLiedError(f"{peer.url}: blob {digest} arrived with sha256 {got}")
-                self._avoid(sources, peer, exc, result, digest)
+                lie = PeerLiedError(f"{peer.url}: blob {digest} arrived with sha256 {got}")
+                self._avoid(sources, peer, lie, result, digest)
             raise _one_error(sources.errors, f"blob {digest}")
         finally:
             if partial.done.total() == 0:

@@ -178,7 +178,9 @@ async def serve(
         # trigger (graceful) rather than as Cancelled in every connection (abrupt).
         shield = trio.CancelScope(shield=True)
 
-        async def run(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async def run(
+            task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+        ) -> None:
             with shield:
                 await hypercorn_serve(
                     app, config, shutdown_trigger=stop.wait, task_status=task_status

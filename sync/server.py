@@ -1,4 +1,4 @@
-"""The read-only OCI distribution server over one store (DESIGN §4), as a plain ASGI app.
+"""The read-only OCI distribution server over one store, as a plain ASGI app.
 
     RegistryApp(layout, token=None, prefer=DEFAULT_PREFER)    an ASGI 3 callable
 
@@ -952,7 +952,9 @@ class RegistryApp:
         s = self.stats
         out: list[str] = []
 
-        def metric(name: str, kind: str, help_text: str, samples: Iterable[tuple[str, float]]):
+        def metric(
+            name: str, kind: str, help_text: str, samples: Iterable[tuple[str, float]]
+        ) -> None:
             out.append(f"# HELP modelfs_{name} {help_text}")
             out.append(f"# TYPE modelfs_{name} {kind}")
             for labels, value in samples:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.mounting import fuse_available
+
 
 @contextmanager
 def tmpfs(where: Path, size: str) -> Iterator[Path]:
@@ -31,3 +33,13 @@ def tiny_fs(tmp_path: Path) -> Iterator[Path]:
     """A 4 MiB tmpfs: a disk that fills up."""
     with tmpfs(tmp_path / "small", "4m") as mnt:
         yield mnt
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip the tests marked `fuse` on a machine without /dev/fuse or fusermount3."""
+    if fuse_available():
+        return
+    skip = pytest.mark.skip(reason="needs /dev/fuse and fusermount3")
+    for item in items:
+        if item.get_closest_marker("fuse") is not None:
+            item.add_marker(skip)

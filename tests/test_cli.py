@@ -1,4 +1,4 @@
-"""`modelfs ls`, `modelfs show` and store discovery, end to end (DESIGN §2, §6).
+"""`modelfs ls`, `modelfs show` and store discovery, end to end.
 
 Stores are built in each test with tests/builders.py. The CLI runs in-process
 (`modelfs.cli.run`) for most checks, and as a real process (the `modelfs` console script) where

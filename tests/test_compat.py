@@ -1,4 +1,4 @@
-"""llama.cpp views of Ollama-layout GGUFs (issue 7): per handler, a small GGUF in the Ollama
+"""llama.cpp views of Ollama-layout GGUFs: per handler, a small GGUF in the Ollama
 layout built here, its view read back with the reference reader (`gguf.GGUFReader`), and the
 KVs, tensor names, shapes, types and data checked against what Ollama's upstream handler
 (ollama/ollama llama/compat/llama-ollama-compat.cpp) leaves in memory.

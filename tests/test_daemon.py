@@ -314,6 +314,7 @@ def test_replicates_selected_names_reloads_on_sighup_and_survives_a_bad_reload(
         ]
 
 
+@pytest.mark.slow
 def test_three_hosts_two_sharing_a_store_never_fetch_twice_nor_lose_blobs_to_gc(
     tmp_path: Path,
 ) -> None:
@@ -371,6 +372,7 @@ def test_a_daemon_killed_mid_transfer_resumes_after_restart(tmp_path: Path) -> N
     assert resumed is not None and int(resumed.split("=")[1].split("-")[0]) >= before > 0
 
 
+@pytest.mark.slow
 def test_tag_history_keeps_the_replaced_version_for_its_retention(tmp_path: Path) -> None:
     store = TinyStore(tmp_path / "store")
     old_raw = store.gguf_model("m:1", b"version one weights")
@@ -452,6 +454,7 @@ def test_a_model_published_on_one_daemon_reaches_the_others_through_a_chain(
             assert ours == {s.name.shortest: s.digest for s in scan_store(a.root)}[name]
 
 
+@pytest.mark.slow
 def test_two_daemons_with_a_token_replicate_a_large_model_and_resume_after_kill_9(
     tmp_path: Path,
 ) -> None:

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from store.digest import Digest
 from store.scan import scan_store
@@ -133,6 +134,7 @@ def shown(mnt: Path) -> str:
 
 
 @fuse
+@pytest.mark.slow
 def test_failover_keeps_the_preferred_variant_says_behind_and_resumes_from_the_host_back(
     tmp_path: Path,
 ) -> None:
@@ -290,6 +292,7 @@ def test_first_gc_is_soon_after_start_and_a_reload_applies_new_intervals_at_once
         wait_until(lambda: complete(store, "m:2"), 15, "m:2 by the new listing interval")
 
 
+@pytest.mark.slow
 def test_back_off_lines_give_the_real_next_try(tmp_path: Path) -> None:
     """A peer that accepts and hangs up: each failure's line says when the next listing
     is, and the next connection comes then (interval 1 s, doubling)."""

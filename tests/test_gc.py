@@ -1,4 +1,4 @@
-"""`modelfs gc`: each invariant of DESIGN §5 by an attempt to break it.
+"""`modelfs gc`: each GC invariant (docs/architecture.md) by an attempt to break it.
 
 Most tests run the real command in a subprocess against a store built in the test; a few
 drive `plan_gc` with an explicit clock, or the runner in-process to make a lock fail on cue.

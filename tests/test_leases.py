@@ -1,5 +1,5 @@
-"""Leases (DESIGN §5 invariant 3, issue 5): what a mount has open and what a pull has in flight
-is on disk under `<store>/.modelfs/leases/`, so a GC on any host leaves it alone.
+"""Leases (GC invariant 3, docs/architecture.md): what a mount has open and what a pull
+has in flight is on disk under `<store>/.modelfs/leases/`, so a GC on any host leaves it alone.
 
 - store.leases directly: the file a LeaseKeeper writes, counted holds, live vs expired by
   mtime + ttl, and every way a lease file can be unreadable.

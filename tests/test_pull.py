@@ -1,4 +1,4 @@
-"""`sync.pull` in-process against tests/fakepeer.py on loopback (DESIGN §4 client, issue 4).
+"""`sync.pull` in-process against tests/fakepeer.py on loopback (the client side).
 
 Each test builds a source store, serves it with `FakePeer` in a thread (a real HTTP server on
 127.0.0.1) and pulls into an empty store with `sync.pull.pull` under trio. Faults are the
@@ -603,7 +603,7 @@ def test_progress_renderers() -> None:
     import io
     import logging
 
-    from sync.progress import BarProgress, JsonProgress, LineProgress
+    from modelfs.progress import BarProgress, JsonProgress, LineProgress
 
     d = Digest("ab" * 32)
     out = io.StringIO()

@@ -1,4 +1,4 @@
-"""`modelfs pull` as a real process between hosts that are real processes (issue 4).
+"""`modelfs pull` as a real process between hosts that are real processes.
 
 Every host is a store root of its own and a server process on a loopback port: the real
 `modelfs serve` where it is about replication, tests/fakepeer.py (`python -m
@@ -364,6 +364,7 @@ def test_pull_starts_a_store_where_there_is_none(
     assert tree(home / ".ollama" / "models") == tree(tiny.root)
 
 
+@pytest.mark.slow
 def test_a_pull_cut_short_by_a_dead_peer_leaves_no_broken_model(tmp_path: Path) -> None:
     """`modelfs pull` of a manifest list whose main blob takes the large path, from a real
     `modelfs serve` killed (-9) mid-transfer: `verify` and `ls` then find nothing wrong (no

@@ -547,14 +547,14 @@ def test_registry_answering_another_digest_cli(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    import sync.push
+    import modelfs.push
 
     @contextlib.asynccontextmanager
     async def lying_session(_credentials: object) -> AsyncIterator[SimpleNamespace]:
         async with lying_client("manifests") as http:
             yield SimpleNamespace(http=http)
 
-    monkeypatch.setattr(sync.push, "peer_session", lying_session)
+    monkeypatch.setattr(modelfs.push, "peer_session", lying_session)
     assert push_cli(demo.root, registry.url, TINY) == 1
     [line] = error_lines(capsys.readouterr().err)
     assert "answered Docker-Content-Digest sha256:000" in line

@@ -1,4 +1,4 @@
-"""`modelfs serve` as a real process: curl, skopeo, TLS, tokens, signals (DESIGN §4, §6).
+"""`modelfs serve` as a real process: curl, skopeo, TLS, tokens, signals.
 
 Each server listens on 127.0.0.1:0 and prints `listening on URL` once bound; the test reads
 that line, talks to it, and stops it with SIGTERM, which must end it with status 0.

@@ -1,4 +1,4 @@
-"""The OCI distribution server, in process (DESIGN §4).
+"""The OCI distribution server, in process.
 
 Most tests talk to `RegistryApp` through `httpx.ASGITransport` under trio. URLs that httpx
 would normalise (`..`, `%2e%2e`, encoded slashes) go straight to the ASGI callable with a

@@ -1,4 +1,4 @@
-"""`modelfs verify` (DESIGN §5, issue 5): real stores, the real command, a real server and mount.
+"""`modelfs verify`: real stores, the real command, a real server and mount.
 
 The damage is what users report: a blob zeroed at full size (its mtime put back, so nothing
 but the bytes betrays it), a truncated or deleted blob, Ollama's partials, a blob copied from

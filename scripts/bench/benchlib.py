@@ -1,4 +1,4 @@
-"""Shared helpers for the benchmarks under scripts/bench (DESIGN §7).
+"""Shared helpers for the benchmarks under scripts/bench (README, "Tests and benchmarks").
 
 Only the standard library is imported at module level, so a script can import this first and
 re-exec itself with the repository's virtualenv (`ensure_venv`) before it needs anything else.

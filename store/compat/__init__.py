@@ -1,4 +1,4 @@
-"""llama.cpp-compatible views of Ollama-layout GGUFs (issue 7).
+"""llama.cpp-compatible views of Ollama-layout GGUFs.
 
 Many GGUFs Ollama publishes carry names and layouts upstream llama.cpp refuses; Ollama
 translates them in memory at load time (`llama/compat/` in ollama/ollama). This package
@@ -121,7 +121,8 @@ def peek_token_count(f: BinaryIO, limit: int = 1 << 16) -> int | None:
         return None
     for key, vtype, pos in _walk_kvs(head, 1 << 20):
         if key == b"tokenizer.ggml.tokens" and vtype == T_ARRAY and pos + 12 <= len(head):
-            return struct.unpack_from("<Q", head, pos + 4)[0]
+            count: int = struct.unpack_from("<Q", head, pos + 4)[0]
+            return count
     return None
 
 

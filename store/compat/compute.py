@@ -1,7 +1,7 @@
 """Tensors whose bytes must change, made from source bytes on first read and cached.
 
 Each op mirrors an upstream load op (ollama/ollama `llama/compat/`); the cache lives in
-`<store>/.modelfs/compat/<source hex>/` (DESIGN §2: modelfs's own state), one file per
+`<store>/.modelfs/compat/<source hex>/` (modelfs's own state, store/layout.py), one file per
 tensor, written to a temp name and renamed when whole, so a reader never sees half a file.
 Where the store cannot be written (read-only stores exist), the bytes are kept in memory.
 """
@@ -14,10 +14,15 @@ import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from store.compat.draft import GGML_BF16, GGML_F16, GGML_F32, Compute
 from store.owner import write_atomic
+
+if TYPE_CHECKING:
+    # numpy is imported where a tensor is computed, so a mount that computes none never loads it.
+    import numpy as np
+    from numpy.typing import NDArray
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +39,7 @@ def _f16_to_f32(read: ReadAt, c: Compute) -> bytes:
     return np.frombuffer(read(offset, length), dtype="<f2").astype("<f4").tobytes()
 
 
-def _to_f32(data: bytes, ggml_type: int, n: int) -> object:
+def _to_f32(data: bytes, ggml_type: int, n: int) -> NDArray[np.float32]:
     import numpy as np
 
     if ggml_type == GGML_F32:
@@ -56,8 +61,8 @@ def _add_one_f32(read: ReadAt, c: Compute) -> bytes:
     ((offset, length),) = c.sources
     (src_type,) = c.params
     values = _to_f32(read(offset, length), src_type, c.nbytes // 4)
-    values += 1.0  # type: ignore[operator]
-    return values.tobytes()  # type: ignore[attr-defined]
+    values += 1.0
+    return values.tobytes()
 
 
 def _patch_embed_slice(read: ReadAt, c: Compute) -> bytes:
@@ -83,10 +88,10 @@ def _concat_to_f32(read: ReadAt, c: Compute) -> bytes:
         _to_f32(read(offset, length), src_type, n)
         for (offset, length), (src_type, n) in zip(c.sources, c.params, strict=True)
     ]
-    return np.concatenate(parts).astype("<f4").tobytes()  # type: ignore[arg-type]
+    return np.concatenate(parts).astype("<f4").tobytes()
 
 
-def _align_corners(side: int, source_side: int) -> object:
+def _align_corners(side: int, source_side: int) -> NDArray[np.float64]:
     """nemotron3_align_corners for every target index: where it samples the source grid."""
     import numpy as np
 
@@ -112,7 +117,9 @@ def _resample_positions(read: ReadAt, c: Compute) -> bytes:
         grid = grid.reshape(embedding, positions).T
     grid = grid.reshape(source_side, source_side, embedding)
 
-    def axis(side: int) -> tuple[Any, Any, Any]:
+    def axis(
+        side: int,
+    ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.float32]]:
         where = _align_corners(side, source_side)
         lo = np.floor(where).astype(np.int64)
         hi = np.minimum(lo + 1, source_side - 1)
@@ -125,7 +132,9 @@ def _resample_positions(read: ReadAt, c: Compute) -> bytes:
     top = grid[y0][:, x0] * (one - wx_) + grid[y0][:, x1] * wx_
     bottom = grid[y1][:, x0] * (one - wx_) + grid[y1][:, x1] * wx_
     out = top * (one - wy_) + bottom * wy_  # [y, x, embedding]: embedding fastest
-    return out.astype("<f4").tobytes()
+    # numpy's stubs type fancy indexing (grid[y0]) as Any, so name what tobytes gives.
+    data: bytes = out.astype("<f4").tobytes()
+    return data
 
 
 def _zeros(read: ReadAt, c: Compute) -> bytes:

@@ -458,12 +458,12 @@ def _qwen35_mtp(d: Draft, arch: str) -> None:
                 _merge_mtp_experts(d, i, base + i, src, dst)
     renames = []
     for n in d.tensors:
-        i = _index(n, "mtp.layers.")
-        if i is None or not i[1] or i[0] >= nextn:
+        indexed = _index(n, "mtp.layers.")
+        if indexed is None or not indexed[1] or indexed[0] >= nextn:
             continue
-        if arch == "qwen35moe" and i[1].startswith("mlp.experts."):
+        if arch == "qwen35moe" and indexed[1].startswith("mlp.experts."):
             continue
-        renames.append((n, f"blk.{base + i[0]}.{i[1]}"))
+        renames.append((n, f"blk.{base + indexed[0]}.{indexed[1]}"))
     for src, dst in renames:
         _rename_mtp(d, src, dst)
     if nextn != 1:
@@ -577,7 +577,7 @@ def split_patch_embed(d: Draft, channels: int) -> None:
     t = d.tensor(name)
     if t is None:
         return
-    if t.ggml_type != GGML_F16 or t.computed:
+    if t.ggml_type != GGML_F16 or isinstance(t.data, Compute):
         d.notes.append(f"{name}: type {t.ggml_type}, expected F16; not split")
         return
     if len(t.shape) != 4:
@@ -818,7 +818,8 @@ def handle_llama4_clip(d: Draft) -> None:
 
 def _f32(x: float) -> float:
     """x as a C float (upstream computes 1.0f / ratio in single precision)."""
-    return struct.unpack("<f", struct.pack("<f", x))[0]
+    single: float = struct.unpack("<f", struct.pack("<f", x))[0]
+    return single
 
 
 def _round_half_away(x: float) -> int:
@@ -915,7 +916,7 @@ def handle_gemma3n(d: Draft) -> None:
     pe, te = d.tensors["per_layer_token_embd.weight"], d.tensors["token_embd.weight"]
     target = pe.shape[1]
     d.set_str("tokenizer.ggml.model", "llama")
-    if target < te.shape[1] and not te.computed:
+    if target < te.shape[1] and not isinstance(te.data, Compute):
         # The first `target` rows: a prefix of the source bytes.
         shape = (te.shape[0], target, *te.shape[2:])
         ((offset, _),) = te.data
@@ -1522,7 +1523,7 @@ def _nemotron_positions(d: Draft, embedding: int, target_side: int) -> None:
         return
     resampled = Compute(
         "resample_positions",
-        t.data,  # type: ignore[arg-type]
+        t.data,
         (t.ggml_type, n, order, embedding, positions, source_side, target_side),
         4 * embedding * target_side * target_side,
     )
