@@ -14,6 +14,7 @@ reports an unreadable file reports these too, and nothing hangs or fills memory.
 from __future__ import annotations
 
 import errno
+import io
 import os
 import stat
 from pathlib import Path
@@ -71,7 +72,7 @@ def open_fd(path: str | os.PathLike[str], *, follow: bool = True) -> int:
     return fd
 
 
-def open_binary(path: str | os.PathLike[str], *, follow: bool = True) -> BinaryIO:
+def open_binary(path: str | os.PathLike[str], *, follow: bool = True) -> io.BufferedReader:
     """`open(path, "rb")` by the same rule."""
     return os.fdopen(open_fd(path, follow=follow), "rb")
 
