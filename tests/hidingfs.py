@@ -71,6 +71,10 @@ def _do(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         raise _errno(exc) from None
 
 
+_TYPE_SHIFT = 47
+_REAL_MASK = (1 << _TYPE_SHIFT) - 1
+
+
 class HidingFS(pyfuse3.Operations):
     enable_writeback_cache = False
 
@@ -85,11 +89,17 @@ class HidingFS(pyfuse3.Operations):
         self.fds: dict[int, int] = {}  # fh -> real inode
 
     # -- inodes and paths ---------------------------------------------------------------------
+    # A node id carries the file's type beside its real inode number: the real filesystem
+    # reuses a deleted symlink's number for a new regular file, and a kernel that meets one
+    # node id with two types marks the old inode bad (EIO for whoever still walks it).
     def _real(self, inode: int) -> int:
-        return self.root_ino if inode == pyfuse3.ROOT_INODE else inode
+        return self.root_ino if inode == pyfuse3.ROOT_INODE else inode & _REAL_MASK
 
-    def _fuse(self, real: int) -> InodeT:
-        return InodeT(pyfuse3.ROOT_INODE if real == self.root_ino else real)
+    def _fuse(self, real: int, mode: int) -> InodeT:
+        if real == self.root_ino:
+            return InodeT(pyfuse3.ROOT_INODE)
+        assert real <= _REAL_MASK
+        return InodeT(real | (stat.S_IFMT(mode) << _TYPE_SHIFT))
 
     def _path(self, inode: int) -> str:
         try:
@@ -139,7 +149,7 @@ class HidingFS(pyfuse3.Operations):
         entry = EntryAttributes()
         for name in _ATTRS:
             setattr(entry, name, getattr(st, name))
-        entry.st_ino = self._fuse(st.st_ino)
+        entry.st_ino = self._fuse(st.st_ino, st.st_mode)
         entry.generation = 0
         entry.entry_timeout = 0
         entry.attr_timeout = 0
