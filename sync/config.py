@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from store.durations import parse_duration
 from store.errors import InvalidNameError
-from store.fileio import open_binary
+from store.fileio import read_file
 from store.gc import GcPolicy, grace_problem
 from store.leases import DEFAULT_TTL
 from store.lockfile import host_id
@@ -165,8 +165,7 @@ def load_config(path: str | os.PathLike[str]) -> SyncConfig:
     """Read and check the whole file; ConfigError (one line) on the first problem."""
     path = Path(path)
     try:
-        with open_binary(path) as f:
-            raw = f.read(MAX_CONFIG_BYTES + 1)
+        raw = read_file(path, MAX_CONFIG_BYTES)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
     if len(raw) > MAX_CONFIG_BYTES:

@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from typing import overload
 
-from store.fileio import open_binary
+from store.fileio import read_file
 from sync.errors import SyncError
 
 MAX_TOKEN_FILE = 1024
@@ -55,8 +55,7 @@ def read_credentials(path: str | os.PathLike[str] | None) -> Credentials | None:
         return None
     where = os.fspath(path)
     try:
-        with open_binary(path) as f:
-            raw = f.read(MAX_TOKEN_FILE + 1)
+        raw = read_file(path, MAX_TOKEN_FILE)
     except OSError as exc:
         raise CredentialsError(f"cannot read token file {where}: {exc.strerror}") from None
     if len(raw) > MAX_TOKEN_FILE:

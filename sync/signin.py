@@ -47,7 +47,7 @@ from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import load_ssh_public_key
 
-from store.fileio import open_binary
+from store.fileio import read_file
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +141,7 @@ class AuthorizedKeys:
             log.warning("%s holds no ssh-ed25519 key: no Ollama host can sign in", self.path)
 
     def _load(self, st: os.stat_result) -> None:
-        with open_binary(self.path) as f:
-            raw = f.read(MAX_KEYS_FILE + 1)
+        raw = read_file(self.path, MAX_KEYS_FILE)
         if len(raw) > MAX_KEYS_FILE:
             raise OSError(0, f"larger than {MAX_KEYS_FILE} bytes")
         keys, problems = parse_keys(raw.decode("utf-8", "replace"), self.path)

@@ -161,3 +161,23 @@ def _running(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state != "Z"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("serve", "--listen", "127.0.0.1:0", "--token-file"),
+        ("serve", "--listen", "127.0.0.1:0", "--authorized-keys"),
+        ("sync", "--config"),
+    ],
+    ids=["token-file", "authorized-keys", "config"],
+)
+def test_a_fifo_given_as_a_secret_or_config_is_one_line(tmp_path: Path, argv: tuple[str]) -> None:
+    """Files beside the store go by the same rule: a FIFO (no writer) is refused at once."""
+    tiny = TinyStore(tmp_path / "s")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    r = run(*argv, str(fifo), "--store", str(tiny.root), timeout=30)
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("modelfs: error:")]
+    assert r.returncode == 1 and len(lines) == 1, r.stdout + r.stderr
+    assert "FIFO" in lines[0] and "Traceback" not in r.stderr
