@@ -60,11 +60,17 @@ from typing import Any
 import gguf
 import numpy as np
 
-from store.blobs import BlobStore
-from store.digest import Digest
-from store.layout import Layout
-from store.manifest import LAYER_PREFIX, MEDIA_CONFIG, MEDIA_LIST, MEDIA_MANIFEST, go_marshal
-from store.names import Name, parse_name
+from modelfs.store.blobs import BlobStore
+from modelfs.store.digest import Digest
+from modelfs.store.layout import Layout
+from modelfs.store.manifest import (
+    LAYER_PREFIX,
+    MEDIA_CONFIG,
+    MEDIA_LIST,
+    MEDIA_MANIFEST,
+    go_marshal,
+)
+from modelfs.store.names import Name, parse_name
 
 Q = gguf.GGMLQuantizationType
 
@@ -109,7 +115,7 @@ class DemoLayer:
     name: str | None = None
     """The layer's `name` field (tensor and json layers)."""
     file: str | None = None
-    """The file store/files.py makes of it in a model directory; None where its table is silent."""
+    """The file store.files makes of it in a model directory; None where its table is silent."""
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {

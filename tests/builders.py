@@ -8,11 +8,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from store.blobs import BlobStore
-from store.digest import Digest
-from store.layout import Layout
-from store.manifest import MEDIA_CONFIG, MEDIA_LIST, MEDIA_MANIFEST
-from store.names import Name, parse_name
+from modelfs.store.blobs import BlobStore
+from modelfs.store.digest import Digest
+from modelfs.store.layout import Layout
+from modelfs.store.manifest import MEDIA_CONFIG, MEDIA_LIST, MEDIA_MANIFEST
+from modelfs.store.names import Name, parse_name
 
 LAYER = "application/vnd.ollama.image."
 

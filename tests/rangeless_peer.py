@@ -21,10 +21,10 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from store.layout import Layout
-from store.manifest import Manifest, parse_manifest
-from store.names import parse_name
-from sync.client import repositories
+from modelfs.store.layout import Layout
+from modelfs.store.manifest import Manifest, parse_manifest
+from modelfs.store.names import parse_name
+from modelfs.sync.client import repositories
 
 
 def lay_out(store: Path, dest: Path, name: str) -> Path:

@@ -27,11 +27,11 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from modelfs.cli import run
-from modelfs.human import human_bytes, human_time, rfc3339_nano
-from store.digest import Digest
-from store.layout import SYSTEM_STORE
-from store.manifest import MEDIA_CONFIG, MEDIA_MANIFEST
+from modelfs.cli.app import run
+from modelfs.cli.human import human_bytes, human_time, rfc3339_nano
+from modelfs.store.digest import Digest
+from modelfs.store.layout import SYSTEM_STORE
+from modelfs.store.manifest import MEDIA_CONFIG, MEDIA_MANIFEST
 from tests.builders import LAYER, TinyStore, compact, gguf_bytes
 
 REPO = Path(__file__).resolve().parent.parent

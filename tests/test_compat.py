@@ -17,10 +17,10 @@ import pytest
 gguf = pytest.importorskip("gguf")
 
 from modelfs.demo import _GEMMA_SPECIALS, _spm_vocab  # noqa: E402
-from store.compat import CompatViews, compat_views  # noqa: E402
-from store.compat.compute import ComputeCache  # noqa: E402
-from store.compat.view import GGUFView  # noqa: E402
-from store.gguf import read_array, read_gguf_header_path  # noqa: E402
+from modelfs.store.compat import CompatViews, compat_views  # noqa: E402
+from modelfs.store.compat.compute import ComputeCache  # noqa: E402
+from modelfs.store.compat.view import GGUFView  # noqa: E402
+from modelfs.store.gguf import read_array, read_gguf_header_path  # noqa: E402
 from tests.builders import TinyStore  # noqa: E402
 from tests.mounting import fuse, mounted  # noqa: E402
 
@@ -758,8 +758,8 @@ def compat_store(tmp_path: Path) -> tuple[TinyStore, Path]:
 
 
 def test_show_names_the_llama_cpp_files(tmp_path: Path) -> None:
-    from modelfs.show import render, show_record
-    from store.scan import scan_store
+    from modelfs.cli.show import render, show_record
+    from modelfs.store.scan import scan_store
 
     tiny, _ = compat_store(tmp_path)
     index = scan_store(tiny.layout)
@@ -826,9 +826,9 @@ def test_llama_cpp_loads_the_view_it_refuses_raw(tmp_path: Path) -> None:
 def test_llamacpp_children_and_non_gguf_blobs_get_no_view(tmp_path: Path) -> None:
     """A manifest-list child made for llama.cpp is in its layout by definition (upstream runs
     those with its compat layer off); a blob that is no GGUF is never parsed as one."""
-    from modelfs.show import show_record
-    from store.compat import may_need_view
-    from store.scan import scan_store
+    from modelfs.cli.show import show_record
+    from modelfs.store.compat import may_need_view
+    from modelfs.store.scan import scan_store
 
     tiny, src = compat_store(tmp_path)
     child = tiny.manifest([tiny.layer("model", src.read_bytes())])
@@ -1960,7 +1960,7 @@ def test_llama3_metadata_view(tmp_path: Path) -> None:
 def test_plain_llama_files_are_not_parsed_for_a_view(tmp_path: Path) -> None:
     """A llama GGUF whose vocabulary is too small to be Llama 3's is told from its first
     bytes (no full header read at mount time); a Llama 3 sized one is looked at."""
-    from store.compat import may_need_view, peek_token_count
+    from modelfs.store.compat import may_need_view, peek_token_count
 
     kvs: list[KV] = [
         ("llama.block_count", 1, V.UINT32),
@@ -2051,8 +2051,8 @@ def test_llama_cpp_reads_the_qwen25vl_view_it_refuses_raw(tmp_path: Path) -> Non
 
 
 def test_a_lazy_model_dir_counts_its_llama_cpp_dir_before_it_is_filled(tmp_path: Path) -> None:
-    from fsd.tree import DirNode, InodeTable, TreeBuilder
-    from store.scan import scan_store
+    from modelfs.fsd.tree import DirNode, InodeTable, TreeBuilder
+    from modelfs.store.scan import scan_store
 
     tiny, _ = compat_store(tmp_path)
     tree = TreeBuilder(InodeTable()).build(scan_store(tiny.root))
@@ -2077,11 +2077,11 @@ def test_a_later_mount_reads_no_header_until_llama_cpp_is_looked_into(
 ) -> None:
     import json
 
-    import fsd.tree
-    from fsd.tree import CompatNode, DirNode, InodeTable, TreeBuilder
-    from store.compat.decisions import Decisions
-    from store.names import parse_name
-    from store.scan import scan_store
+    import modelfs.fsd.tree as fsd_tree
+    from modelfs.fsd.tree import CompatNode, DirNode, InodeTable, TreeBuilder
+    from modelfs.store.compat.decisions import Decisions
+    from modelfs.store.names import parse_name
+    from modelfs.store.scan import scan_store
 
     tiny, _ = compat_store(tmp_path)
     first = TreeBuilder(InodeTable()).build(scan_store(tiny.root))
@@ -2093,7 +2093,7 @@ def test_a_later_mount_reads_no_header_until_llama_cpp_is_looked_into(
 
     # The next mount: nothing reads a GGUF header while building, link counts included.
     made: list[Path] = []
-    real_views, real_peek = fsd.tree.compat_views, fsd.tree.may_need_view
+    real_views, real_peek = fsd_tree.compat_views, fsd_tree.may_need_view
 
     def watched(path: Path, source_hex: str) -> object:
         made.append(path)
@@ -2102,8 +2102,8 @@ def test_a_later_mount_reads_no_header_until_llama_cpp_is_looked_into(
     def no_peek(path: Path) -> bool:
         raise AssertionError(f"peeked at {path}")
 
-    monkeypatch.setattr(fsd.tree, "compat_views", watched)
-    monkeypatch.setattr(fsd.tree, "may_need_view", no_peek)
+    monkeypatch.setattr(fsd_tree, "compat_views", watched)
+    monkeypatch.setattr(fsd_tree, "may_need_view", no_peek)
     tree = TreeBuilder(InodeTable()).build(scan_store(tiny.root))
     short = tree.root.children["gemma3"].children["tiny"]
     assert isinstance(short, DirNode) and short.nlink == 4  # .., .ollama/, llama.cpp/
@@ -2112,7 +2112,7 @@ def test_a_later_mount_reads_no_header_until_llama_cpp_is_looked_into(
     )
     holder = short.children["llama.cpp"]
     assert isinstance(holder, DirNode) and not holder.loaded and made == []
-    monkeypatch.setattr(fsd.tree, "may_need_view", real_peek)
+    monkeypatch.setattr(fsd_tree, "may_need_view", real_peek)
     # Made ahead of first use (the mount does this in a thread once it is ready) ...
     assert tree.make_views() == 1 and len(made) == 1
     assert tree.make_views() == 0
@@ -2184,7 +2184,7 @@ def llava_projector(
 
 
 def test_llava_projector_without_type_gets_a_view(tmp_path: Path) -> None:
-    from store.compat import may_need_mmproj_view, mmproj_view
+    from modelfs.store.compat import may_need_mmproj_view, mmproj_view
 
     src = llava_projector(tmp_path)
     assert compat_views(src, HEX) is None  # no text rule reads a clip file
@@ -2232,9 +2232,9 @@ def llava_store(tmp_path: Path) -> tuple[TinyStore, Path]:
 
 
 def test_a_llava_model_gets_its_projector_view(tmp_path: Path) -> None:
-    from fsd.tree import CompatNode, DirNode, InodeTable, TreeBuilder
-    from modelfs.show import render, show_record
-    from store.scan import scan_store
+    from modelfs.cli.show import render, show_record
+    from modelfs.fsd.tree import CompatNode, DirNode, InodeTable, TreeBuilder
+    from modelfs.store.scan import scan_store
 
     tiny, projector = llava_store(tmp_path)
     index = scan_store(tiny.root)
@@ -2270,7 +2270,7 @@ def test_a_llava_model_gets_its_projector_view(tmp_path: Path) -> None:
 
 
 def mmproj_view_of(path: Path) -> GGUFView:
-    from store.compat import mmproj_view
+    from modelfs.store.compat import mmproj_view
 
     view = mmproj_view(path, HEX)
     assert view is not None

@@ -20,9 +20,9 @@ from typing import Any
 import httpx
 import pytest
 
-from store.digest import Digest
-from store.scan import scan_store
-from sync.pull import PullOptions
+from modelfs.store.digest import Digest
+from modelfs.store.scan import scan_store
+from modelfs.sync.pull import PullOptions
 from tests.builders import TinyStore
 from tests.test_pull_hosts import _env, fakepeer
 from tests.throttle import Throttle

@@ -21,8 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from store.digest import Digest
-from store.scan import scan_store
+from modelfs.store.digest import Digest
+from modelfs.store.scan import scan_store
 from tests.builders import TinyStore
 from tests.mounting import fuse, mounted
 from tests.test_daemon import (

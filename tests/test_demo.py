@@ -26,9 +26,15 @@ from modelfs.demo import (
     main,
     parse_size,
 )
-from store.digest import Digest
-from store.manifest import MEDIA_CONFIG, MEDIA_LIST, MEDIA_MANIFEST, ManifestList, parse_manifest
-from store.names import name_from_path_parts
+from modelfs.store.digest import Digest
+from modelfs.store.manifest import (
+    MEDIA_CONFIG,
+    MEDIA_LIST,
+    MEDIA_MANIFEST,
+    ManifestList,
+    parse_manifest,
+)
+from modelfs.store.names import name_from_path_parts
 
 REPO = Path(__file__).resolve().parent.parent
 Q = gguf.GGMLQuantizationType

@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from modelfs.cli import run
-from store.digest import Digest
-from store.gguf import read_gguf_header
-from store.history import TagHistory
-from store.names import parse_name
-from store.scan import scan_store
+from modelfs.cli.app import run
+from modelfs.store.digest import Digest
+from modelfs.store.gguf import read_gguf_header
+from modelfs.store.history import TagHistory
+from modelfs.store.names import parse_name
+from modelfs.store.scan import scan_store
 from tests.builders import TinyStore, gguf_bytes
 from tests.test_cli import assert_one_error, modelfs
 

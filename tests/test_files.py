@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import json
 
-from store.digest import Digest
-from store.files import model_files
-from store.manifest import Manifest, parse_manifest
+from modelfs.store.digest import Digest
+from modelfs.store.files import model_files
+from modelfs.store.manifest import Manifest, parse_manifest
 
 HEX = "ab" * 32
 

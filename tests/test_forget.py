@@ -14,11 +14,11 @@ from pathlib import Path
 
 import trio
 
-from fsd.ops import ModelOperations
-from fsd.tree import DirNode, InodeTable, Node, TreeBuilder
 from modelfs.demo import build_demo_store
-from store.digest import Digest
-from store.scan import scan_store
+from modelfs.fsd.ops import ModelOperations
+from modelfs.fsd.tree import DirNode, InodeTable, Node, TreeBuilder
+from modelfs.store.digest import Digest
+from modelfs.store.scan import scan_store
 from tests.builders import TinyStore
 from tests.mounting import fuse, mounted
 from tests.test_tree import walk

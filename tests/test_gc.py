@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 import trio
 
-from store.digest import Digest
-from store.errors import LockBusyError, LockLostError
-from store.gc import GcPolicy, load_first_seen, plan_gc, save_first_seen
-from store.leases import LeaseKeeper
-from store.lockfile import LockFile
-from sync import gc as gc_runner
+from modelfs.store.digest import Digest
+from modelfs.store.errors import LockBusyError, LockLostError
+from modelfs.store.gc import GcPolicy, load_first_seen, plan_gc, save_first_seen
+from modelfs.store.leases import LeaseKeeper
+from modelfs.store.lockfile import LockFile
+from modelfs.sync import gc as gc_runner
 from tests.builders import LAYER, TinyStore, compact
 
 MODELFS = str(Path(sys.executable).with_name("modelfs"))
@@ -558,8 +558,8 @@ async def test_a_blob_wanted_while_gc_moves_it_is_put_back(
 def test_tag_history_keeps_old_versions_from_every_gc_for_its_retention(
     store: TinyStore,
 ) -> None:
-    from store.history import TagHistory
-    from store.scan import scan_store
+    from modelfs.store.history import TagHistory
+    from modelfs.store.scan import scan_store
 
     old = store.gguf_model("m:1", b"version one")
     old_blob = Digest.parse(json.loads(old)["layers"][0]["digest"])

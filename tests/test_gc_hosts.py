@@ -10,8 +10,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from store.digest import Digest
-from store.scan import scan_store
+from modelfs.store.digest import Digest
+from modelfs.store.scan import scan_store
 from tests.builders import TinyStore
 from tests.mounting import MODELFS, fuse, mounted
 from tests.test_daemon import big_model, complete, wait_until

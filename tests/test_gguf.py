@@ -18,9 +18,9 @@ from gguf import GGMLQuantizationType as Q
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import store.gguf as sg
-from store.errors import GGUFError
-from store.gguf import (
+import modelfs.store.gguf as sg
+from modelfs.store.errors import GGUFError
+from modelfs.store.gguf import (
     GGML_TYPES,
     KEEP_ARRAY,
     ArraySummary,

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from store.digest import Digest
-from store.gc import GcPolicy, plan_gc
-from store.history import TagHistory
-from store.leases import LeaseKeeper
-from store.names import parse_name
-from store.scan import scan_store
+from modelfs.store.digest import Digest
+from modelfs.store.gc import GcPolicy, plan_gc
+from modelfs.store.history import TagHistory
+from modelfs.store.leases import LeaseKeeper
+from modelfs.store.names import parse_name
+from modelfs.store.scan import scan_store
 from tests.builders import TinyStore
 
 T0 = 1_700_000_000.0

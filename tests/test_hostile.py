@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from store.digest import Digest
+from modelfs.store.digest import Digest
 from tests.builders import TinyStore
 from tests.test_gc import MODELFS, gc, orphan, present
 from tests.test_pull_hosts import server

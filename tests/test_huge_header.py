@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
-import fsd.tree
-from fsd.tree import DirNode, InodeTable, MergedNode, Node, TreeBuilder
-from store.safetensors import read_safetensors_header_path
-from store.scan import scan_store
+import modelfs.fsd.tree as fsd_tree
+from modelfs.fsd.tree import DirNode, InodeTable, MergedNode, Node, TreeBuilder
+from modelfs.store.safetensors import read_safetensors_header_path
+from modelfs.store.scan import scan_store
 from tests.builders import TinyStore, many_tensor_safetensors
 from tests.mounting import MODELFS, fuse, mounted
 
@@ -65,17 +65,17 @@ def test_a_build_reads_no_big_header(tmp_path: Path, monkeypatch: pytest.MonkeyP
     """Over the threshold, a model directory is placed unfilled with its merge to be made
     (DirNode.prepare, which the mount runs in a worker thread); what its listing shows then
     is what it would have shown, link counts included."""
-    monkeypatch.setattr(fsd.tree, "EAGER_HEADER_BYTES", 1000)
+    monkeypatch.setattr(fsd_tree, "EAGER_HEADER_BYTES", 1000)
     tiny = _huge_store(tmp_path / "models", 200, extra_tensor=True)
     index = scan_store(tiny.root)
     calls: list[str] = []
-    real = fsd.tree.read_safetensors_header_path
+    real = fsd_tree.read_safetensors_header_path
 
     def counting(path: str) -> object:
         calls.append(str(path))
         return real(path)
 
-    monkeypatch.setattr(fsd.tree, "read_safetensors_header_path", counting)
+    monkeypatch.setattr(fsd_tree, "read_safetensors_header_path", counting)
     tree = TreeBuilder(InodeTable()).build(index)
     assert calls == []
     huge = tree.root.children["huge"]._children["latest"]
@@ -163,7 +163,7 @@ def test_merged_header_is_what_json_dumps_writes(tmp_path: Path) -> None:
     json.dumps of the whole object would be, odd names included, and a reader takes it."""
     import json
 
-    from store.views import merge_safetensors
+    from modelfs.store.views import merge_safetensors
 
     def part(
         name: str, tensors: dict[str, tuple[str, list[int], bytes]], meta: dict[str, str]

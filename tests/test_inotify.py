@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from runtime.inotify import StoreWatch, WatchError, filesystem_kind
-from store.names import parse_name
+from modelfs.runtime.inotify import StoreWatch, WatchError, filesystem_kind
+from modelfs.store.names import parse_name
 from tests.builders import TinyStore
 from tests.mounting import force_unmount, fuse, mounted
 
@@ -111,7 +111,7 @@ def test_a_store_on_fuse_is_polled_and_still_followed(
 
 
 def test_a_missing_store_is_not_an_empty_watch(tmp_path: Path) -> None:
-    from store.layout import Layout
+    from modelfs.store.layout import Layout
 
     with pytest.raises(WatchError, match="is missing"):
         StoreWatch(Layout(tmp_path / "nowhere"))

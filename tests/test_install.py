@@ -16,13 +16,14 @@ import shutil
 import subprocess
 import time
 import tomllib
+import zipfile
 from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
-from sync.config import load_config
+from modelfs.sync.config import load_config
 from tests.mounting import fuse
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,6 +54,25 @@ def test_version_is_the_installed_distributions() -> None:
     done = subprocess.run([MODELFS, "--version"], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"modelfs {version('modelfs')}"
+
+
+def test_the_wheel_installs_one_package_named_modelfs(tmp_path: Path) -> None:
+    """`pip install .` puts `modelfs` (and its dist-info) into site-packages and nothing else:
+    top-level `store`, `sync` or `runtime` would clash with the PyPI projects of those names."""
+    subprocess.run(
+        [str(REPO / ".venv" / "bin" / "python"), "-m", "pip", "wheel", "-q", "--no-deps",
+         "-w", str(tmp_path), str(REPO)],
+        check=True, timeout=600, capture_output=True,
+    )  # fmt: skip
+    (wheel,) = tmp_path.glob("modelfs-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+    top = {n.split("/", 1)[0] for n in names}
+    assert top == {"modelfs", f"modelfs-{version('modelfs')}.dist-info"}, top
+    # Every layer and the data files are in it.
+    for member in ("store/scan.py", "store/compat/handlers.py", "fsd/ops.py", "sync/server.py",
+                   "runtime/leasing.py", "cli/app.py", "py.typed"):  # fmt: skip
+        assert f"modelfs/{member}" in names, member
 
 
 def test_readme_names_the_packages_and_files_the_install_uses() -> None:

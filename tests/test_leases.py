@@ -29,11 +29,11 @@ import pytest
 import trio
 
 from modelfs.demo import build_demo_store
-from store.digest import Digest
-from store.layout import Layout
-from store.leases import Lease, LeaseKeeper, read_leases
-from sync.errors import LocalWriteError, PeerError
-from sync.pull import PullOptions, pull
+from modelfs.store.digest import Digest
+from modelfs.store.layout import Layout
+from modelfs.store.leases import Lease, LeaseKeeper, read_leases
+from modelfs.sync.errors import LocalWriteError, PeerError
+from modelfs.sync.pull import PullOptions, pull
 from tests.builders import TinyStore
 from tests.fakepeer import FakePeer
 from tests.mounting import MODELFS, force_unmount, fuse, mounted, wait_for_mount
@@ -441,7 +441,7 @@ async def test_a_blob_pruned_during_the_pull_is_fetched_again(tmp_path: Path) ->
 async def test_a_lingering_drop_keeps_the_hold_a_moment_and_a_reopen_writes_nothing(
     tmp_path: Path,
 ) -> None:
-    from runtime.leasing import leased
+    from modelfs.runtime.leasing import leased
 
     layout = Layout(tmp_path / "store")
     keeper = LeaseKeeper(layout, "mount", host="h")

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from modelfs.demo import VOCAB_ONLY_MODEL, build_demo_store
-from store.digest import Digest
-from store.layout import Layout
-from store.names import parse_name
+from modelfs.store.digest import Digest
+from modelfs.store.layout import Layout
+from modelfs.store.names import parse_name
 from tests.mounting import fuse, mounted
 
 llama_cpp = pytest.importorskip(

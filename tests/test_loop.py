@@ -7,7 +7,7 @@ import trio
 import trio.lowlevel
 import trio.testing
 
-from fsd import loop
+from modelfs.fsd import loop
 
 
 def run(fn) -> None:  # type: ignore[no-untyped-def]

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from store.digest import Digest, is_blob_name
-from store.errors import InvalidDigestError, ManifestError
-from store.manifest import (
+from modelfs.store.digest import Digest, is_blob_name
+from modelfs.store.errors import InvalidDigestError, ManifestError
+from modelfs.store.manifest import (
     MAX_MANIFEST_BYTES,
     MEDIA_LIST,
     MEDIA_MANIFEST,

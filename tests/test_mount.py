@@ -18,12 +18,12 @@ import gguf
 import pytest
 from safetensors import safe_open
 
-from fsd.tree import short_path
 from modelfs.demo import build_demo_store
-from store.digest import Digest
-from store.files import model_files
-from store.names import parse_name
-from store.scan import scan_store
+from modelfs.fsd.tree import short_path
+from modelfs.store.digest import Digest
+from modelfs.store.files import model_files
+from modelfs.store.names import parse_name
+from modelfs.store.scan import scan_store
 from tests.builders import TinyStore
 from tests.mounting import MODELFS, force_unmount, fuse, mounted, wait_for_mount
 

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from store.errors import InvalidNameError
-from store.layout import Layout
-from store.names import Name, name_from_path_parts, parse_name, parse_name_bare
+from modelfs.store.errors import InvalidNameError
+from modelfs.store.layout import Layout
+from modelfs.store.names import Name, name_from_path_parts, parse_name, parse_name_bare
 
 
 @pytest.mark.parametrize(

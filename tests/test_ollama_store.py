@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from modelfs.demo import GEMMA, DemoStore, build_demo_store
-from store.digest import Digest
+from modelfs.store.digest import Digest
 from tests import ollama_local as ollama
 from tests.builders import TinyStore, gguf_bytes
 from tests.mounting import fuse, mounted

@@ -18,11 +18,11 @@ import pyfuse3
 import pytest
 import trio
 
-import fsd.ops
-from fsd.ops import PASSTHROUGH_API, ModelOperations
-from fsd.tree import BlobNode, InodeTable, TreeBuilder
-from store.digest import Digest
-from store.scan import scan_store
+import modelfs.fsd.ops as fsd_ops
+from modelfs.fsd.ops import PASSTHROUGH_API, ModelOperations
+from modelfs.fsd.tree import BlobNode, InodeTable, TreeBuilder
+from modelfs.store.digest import Digest
+from modelfs.store.scan import scan_store
 from tests.builders import TinyStore
 from tests.mounting import fuse, mounted
 
@@ -53,7 +53,7 @@ class FakeKernel:
 def kernel(monkeypatch: pytest.MonkeyPatch) -> FakeKernel:
     k = FakeKernel()
     # A backing id goes at the last release, unless a test is about lingering.
-    monkeypatch.setattr(fsd.ops, "LINGER", 0.0)
+    monkeypatch.setattr(fsd_ops, "LINGER", 0.0)
     monkeypatch.setattr(pyfuse3, "backing_open", k.backing_open, raising=False)
     monkeypatch.setattr(pyfuse3, "backing_close", k.backing_close, raising=False)
     # pyfuse3 without passthrough has no FileInfo.backing_id
@@ -119,7 +119,7 @@ async def test_opens_at_the_same_time_share_one_backing_id(
 async def test_a_closed_file_leaves_its_backing_id_a_moment(
     tmp_path: Path, kernel: FakeKernel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(fsd.ops, "LINGER", 0.3)
+    monkeypatch.setattr(fsd_ops, "LINGER", 0.3)
     ops, one, _ = blob_ops(tmp_path)
     a = await opened(ops, one)
     await ops.release(a.fh)
@@ -140,7 +140,7 @@ async def test_a_closed_file_leaves_its_backing_id_a_moment(
 async def test_a_blob_gone_from_the_store_is_not_opened_anew_through_a_shared_id(
     tmp_path: Path, kernel: FakeKernel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(fsd.ops, "LINGER", 60.0)
+    monkeypatch.setattr(fsd_ops, "LINGER", 60.0)
     ops, one, two = blob_ops(tmp_path)
     store = one.path.parent.parent
     a = await opened(ops, one)

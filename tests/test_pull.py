@@ -28,13 +28,13 @@ import pytest
 import trio
 
 from modelfs.demo import GEMMA, DemoStore, build_demo_store
-from store.digest import Digest, is_blob_name
-from store.layout import Layout
-from store.manifest import MEDIA_LIST, MEDIA_MANIFEST, ManifestList, parse_manifest
-from store.names import parse_name
-from store.scan import scan_store
-from sync.credentials import Credentials, CredentialsError, read_credentials
-from sync.errors import (
+from modelfs.store.digest import Digest, is_blob_name
+from modelfs.store.layout import Layout
+from modelfs.store.manifest import MEDIA_LIST, MEDIA_MANIFEST, ManifestList, parse_manifest
+from modelfs.store.names import parse_name
+from modelfs.store.scan import scan_store
+from modelfs.sync.credentials import Credentials, CredentialsError, read_credentials
+from modelfs.sync.errors import (
     LocalWriteError,
     PeerAuthError,
     PeerError,
@@ -42,8 +42,8 @@ from sync.errors import (
     PeerNotFoundError,
     PeerUnreachableError,
 )
-from sync.partial import PartialBlob, RangeSet, split
-from sync.pull import PullOptions, anchor_bytes, pull, select_children
+from modelfs.sync.partial import PartialBlob, RangeSet, split
+from modelfs.sync.pull import PullOptions, anchor_bytes, pull, select_children
 from tests.builders import TinyStore
 from tests.fakepeer import FakePeer, Fault
 
@@ -603,7 +603,7 @@ def test_progress_renderers() -> None:
     import io
     import logging
 
-    from modelfs.progress import BarProgress, JsonProgress, LineProgress
+    from modelfs.cli.progress import BarProgress, JsonProgress, LineProgress
 
     d = Digest("ab" * 32)
     out = io.StringIO()

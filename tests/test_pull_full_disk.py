@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from store.digest import Digest
-from store.layout import Layout
+from modelfs.store.digest import Digest
+from modelfs.store.layout import Layout
 from tests.builders import TinyStore
 from tests.conftest import tmpfs
 from tests.mounting import MODELFS

@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 
 from modelfs.demo import GEMMA, build_demo_store
-from store.digest import Digest
-from store.layout import Layout
-from store.scan import scan_store
+from modelfs.store.digest import Digest
+from modelfs.store.layout import Layout
+from modelfs.store.scan import scan_store
 from tests.builders import TinyStore
 from tests.test_pull import (
     assert_no_manifest,
@@ -370,7 +370,7 @@ def test_a_pull_cut_short_by_a_dead_peer_leaves_no_broken_model(tmp_path: Path) 
     `modelfs serve` killed (-9) mid-transfer: `verify` and `ls` then find nothing wrong (no
     child manifest without its blobs), and the child this host does not want (mlx, by the
     default prefer) is never written, neither then nor once the pull completes."""
-    from sync.pull import PullOptions
+    from modelfs.sync.pull import PullOptions
     from tests.test_daemon import free_port, wait_until
     from tests.throttle import Throttle
 

@@ -18,18 +18,18 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from modelfs.cli import run
+from modelfs.cli.app import run
 from modelfs.demo import GEMMA, LLAMA, QWEN, SMOL, TINY, DemoStore, build_demo_store
-from store.digest import Digest
-from store.errors import CorruptBlobError
-from store.manifest import MEDIA_LIST, MEDIA_MANIFEST, MEDIA_OCI_MANIFEST, ManifestList
-from store.names import parse_name
-from store.scan import scan_store
-from sync.errors import PeerLiedError
-from sync.http import make_client
-from sync.ocirepr import decode_list, parse_carrier
-from sync.push import PushResult, plan_model, push_all
-from sync.registry_names import reference_for
+from modelfs.store.digest import Digest
+from modelfs.store.errors import CorruptBlobError
+from modelfs.store.manifest import MEDIA_LIST, MEDIA_MANIFEST, MEDIA_OCI_MANIFEST, ManifestList
+from modelfs.store.names import parse_name
+from modelfs.store.scan import scan_store
+from modelfs.sync.errors import PeerLiedError
+from modelfs.sync.http import make_client
+from modelfs.sync.ocirepr import decode_list, parse_carrier
+from modelfs.sync.push import PushResult, plan_model, push_all
+from modelfs.sync.registry_names import reference_for
 from tests.builders import TinyStore
 from tests.registry import (
     DOCKER_REGISTRY,
@@ -547,14 +547,14 @@ def test_registry_answering_another_digest_cli(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    import modelfs.push
+    import modelfs.cli.push as cli_push
 
     @contextlib.asynccontextmanager
     async def lying_session(_credentials: object) -> AsyncIterator[SimpleNamespace]:
         async with lying_client("manifests") as http:
             yield SimpleNamespace(http=http)
 
-    monkeypatch.setattr(modelfs.push, "peer_session", lying_session)
+    monkeypatch.setattr(cli_push, "peer_session", lying_session)
     assert push_cli(demo.root, registry.url, TINY) == 1
     [line] = error_lines(capsys.readouterr().err)
     assert "answered Docker-Content-Digest sha256:000" in line
@@ -563,9 +563,6 @@ def test_registry_answering_another_digest_cli(
 # -- the round trip (needs `modelfs pull`) ---------------------------------------------------------
 
 
-@pytest.mark.skipif(
-    not (REPO / "sync" / "pull.py").exists(), reason="sync/pull.py (modelfs pull) not written yet"
-)
 def test_round_trip_through_docker_registry(
     demo: DemoStore, registry: Registry, tmp_path: Path
 ) -> None:

@@ -1,5 +1,5 @@
-"""Ollama names <-> OCI repositories (sync/registry_names.py) and the manifest-list carrier
-(sync/ocirepr.py), without a network."""
+"""Ollama names <-> OCI repositories (modelfs/sync/registry_names.py) and the manifest-list carrier
+(modelfs/sync/ocirepr.py), without a network."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from modelfs.demo import GEMMA, DemoStore, build_demo_store
-from store.digest import Digest
-from store.errors import ManifestError
-from store.manifest import (
+from modelfs.store.digest import Digest
+from modelfs.store.errors import ManifestError
+from modelfs.store.manifest import (
     MEDIA_LIST,
     MEDIA_MANIFEST,
     MEDIA_OCI_MANIFEST,
@@ -22,8 +22,8 @@ from store.manifest import (
     ManifestList,
     parse_manifest,
 )
-from store.names import DEFAULT_HOST, Name, parse_name
-from sync.ocirepr import (
+from modelfs.store.names import DEFAULT_HOST, Name, parse_name
+from modelfs.sync.ocirepr import (
     MEDIA_CARRIER,
     child_manifests,
     decode_carrier,
@@ -31,7 +31,7 @@ from sync.ocirepr import (
     encode_list,
     parse_carrier,
 )
-from sync.registry_names import (
+from modelfs.sync.registry_names import (
     COMPONENT,
     MAX_REPOSITORY,
     RegistryNameError,

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from store.digest import Digest
-from store.layout import Layout
-from sync.partial import PartialBlob, RangeSet
-from sync.pull import PullOptions, pull
+from modelfs.store.digest import Digest
+from modelfs.store.layout import Layout
+from modelfs.sync.partial import PartialBlob, RangeSet
+from modelfs.sync.pull import PullOptions, pull
 from tests.builders import TinyStore
 from tests.rangeless_peer import lay_out
 from tests.test_pull import assert_no_manifest, assert_store_sound, tree, weights

@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
-from store.errors import GGUFError, SafetensorsError
-from store.gguf import read_gguf_header
-from store.safetensors import (
+from modelfs.store.errors import GGUFError, SafetensorsError
+from modelfs.store.gguf import read_gguf_header
+from modelfs.store.safetensors import (
     DTYPE_BITS,
     MAX_HEADER,
     SafeTensor,

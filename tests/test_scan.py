@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from store.digest import Digest
-from store.errors import ModelNotFoundError
-from store.files import model_files
-from store.manifest import MEDIA_LIST, ManifestList
-from store.names import parse_name
-from store.scan import scan_store
+from modelfs.store.digest import Digest
+from modelfs.store.errors import ModelNotFoundError
+from modelfs.store.files import model_files
+from modelfs.store.manifest import MEDIA_LIST, ManifestList
+from modelfs.store.names import parse_name
+from modelfs.store.scan import scan_store
 from tests.builders import TinyStore, compact
 
 
@@ -250,7 +250,7 @@ def test_hostile_manifests_cost_only_themselves(tiny: TinyStore) -> None:
 
 
 def test_a_scan_cache_rereads_exactly_what_changed(tiny: TinyStore) -> None:
-    from store.scan import ScanCache
+    from modelfs.store.scan import ScanCache
 
     tiny.gguf_model("a:1", payload=b"weights A")
     tiny.gguf_model("b:1", payload=b"weights B", file_type="Q8_0")
@@ -304,7 +304,7 @@ def test_prefetch_asks_for_regular_files_only_and_reads_ahead(tmp_path: Path) ->
     import shutil
     import subprocess
 
-    from store.prefetch import prefetch
+    from modelfs.store.prefetch import prefetch
 
     data = tmp_path / "blob"
     data.write_bytes(os.urandom(1 << 20))

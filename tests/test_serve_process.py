@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from modelfs.demo import GEMMA, DemoStore, build_demo_store
-from store.layout import Layout
+from modelfs.store.layout import Layout
 
 MODELFS = str(Path(sys.executable).with_name("modelfs"))
 CURL = shutil.which("curl")
@@ -356,7 +356,7 @@ def test_sigterm_with_a_client_that_stopped_reading(demo: DemoStore, tmp_path: P
     big = tmp_path / "big"
     build_demo_store(big, weight_bytes=64 << 20)
     layer = Layout(big)
-    from store.scan import scan_store
+    from modelfs.store.scan import scan_store
 
     entry = scan_store(layer).lookup(GEMMA)
     model = next(
@@ -382,7 +382,7 @@ def test_sigterm_with_a_client_that_stopped_reading(demo: DemoStore, tmp_path: P
 def test_listener_drops_stalled_clients() -> None:
     import socket
 
-    from sync.serve import STALL_TIMEOUT_MS, bind
+    from modelfs.sync.serve import STALL_TIMEOUT_MS, bind
 
     sock = bind("127.0.0.1:0")
     try:

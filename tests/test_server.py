@@ -23,10 +23,10 @@ import trio
 import trio.lowlevel
 import zstandard
 
-import sync.server as server
+import modelfs.sync.server as server
 from modelfs.demo import GEMMA, DemoStore, build_demo_store
-from store.digest import Digest
-from store.errors import (
+from modelfs.store.digest import Digest
+from modelfs.store.errors import (
     CorruptBlobError,
     InvalidDigestError,
     InvalidNameError,
@@ -35,9 +35,9 @@ from store.errors import (
     ModelNotFoundError,
     StoreError,
 )
-from store.layout import Layout
-from store.manifest import MEDIA_LIST, MEDIA_MANIFEST
-from sync.server import HTTPError, RegistryApp, error_status, parse_range, split_path
+from modelfs.store.layout import Layout
+from modelfs.store.manifest import MEDIA_LIST, MEDIA_MANIFEST
+from modelfs.sync.server import HTTPError, RegistryApp, error_status, parse_range, split_path
 from tests.builders import TinyStore
 
 LIST_ACCEPT = {"Accept": f"{MEDIA_LIST}, {MEDIA_MANIFEST}"}
@@ -783,7 +783,7 @@ async def test_store_is_not_rescanned_on_every_request(
 
 
 def tiny_name(text: str) -> Any:
-    from store.names import parse_name
+    from modelfs.store.names import parse_name
 
     return parse_name(text)
 
@@ -1019,9 +1019,9 @@ async def test_status_and_metrics(demo: DemoStore) -> None:
 
 
 def test_repository_names_as_push_writes_them() -> None:
-    from store.names import parse_name
-    from sync.protocol import name_from_repository
-    from sync.registry_names import repository_for
+    from modelfs.store.names import parse_name
+    from modelfs.sync.protocol import name_from_repository
+    from modelfs.sync.registry_names import repository_for
 
     name = parse_name("localhost:5000/me/m:1")
     assert name_from_repository(repository_for(name), "1").key == name.key

@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from fsd.mount import changed_entries
-from fsd.ops import ModelOperations
-from fsd.tree import BlobNode, DirNode, InodeTable, Node, TreeBuilder, short_path
 from modelfs.demo import build_demo_store
-from store.digest import Digest
-from store.layout import Layout
-from store.names import parse_name
-from store.scan import StoreIndex, scan_store
-from store.watch import store_signature
+from modelfs.fsd.mount import changed_entries
+from modelfs.fsd.ops import ModelOperations
+from modelfs.fsd.tree import BlobNode, DirNode, InodeTable, Node, TreeBuilder, short_path
+from modelfs.store.digest import Digest
+from modelfs.store.layout import Layout
+from modelfs.store.names import parse_name
+from modelfs.store.scan import StoreIndex, scan_store
+from modelfs.store.watch import store_signature
 from tests.builders import TinyStore
 
 
@@ -77,7 +77,7 @@ def test_collisions_keep_every_model_under_by_name(tmp_path: Path) -> None:
 def test_missing_blob_not_listed_and_status(tmp_path: Path) -> None:
     tiny = TinyStore(tmp_path)
     tiny.gguf_model("a:1", payload=b"weights")
-    from store.digest import Digest
+    from modelfs.store.digest import Digest
 
     tiny.layout.blob(Digest.of_bytes(b"weights")).unlink()
     tree = TreeBuilder(InodeTable()).build(scan_store(tiny.root))

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from store.digest import Digest
-from store.layout import Layout
-from store.manifest import MEDIA_LIST, MEDIA_MANIFEST, Manifest, parse_manifest
-from store.scan import rank_children, scan_store
-from sync.config import ConfigError, load_config
-from sync.errors import PeerNotFoundError
-from sync.pull import PullOptions, pull
+from modelfs.store.digest import Digest
+from modelfs.store.layout import Layout
+from modelfs.store.manifest import MEDIA_LIST, MEDIA_MANIFEST, Manifest, parse_manifest
+from modelfs.store.scan import rank_children, scan_store
+from modelfs.sync.config import ConfigError, load_config
+from modelfs.sync.errors import PeerNotFoundError
+from modelfs.sync.pull import PullOptions, pull
 from tests.builders import TinyStore, compact
 from tests.fakepeer import FakePeer
 from tests.test_pull import tree

@@ -21,14 +21,14 @@ from typing import Any
 import httpx
 import pytest
 
-from store.digest import Digest
-from store.history import TagHistory
-from store.layout import Layout
-from store.leases import LeaseKeeper
-from store.names import parse_name
-from store.scan import scan_store
-from store.verify import FileKey, VerifyCache, check_blob, quarantine_blob
-from sync.verify import VerifyOptions, run_verify
+from modelfs.store.digest import Digest
+from modelfs.store.history import TagHistory
+from modelfs.store.layout import Layout
+from modelfs.store.leases import LeaseKeeper
+from modelfs.store.names import parse_name
+from modelfs.store.scan import scan_store
+from modelfs.store.verify import FileKey, VerifyCache, check_blob, quarantine_blob
+from modelfs.sync.verify import VerifyOptions, run_verify
 from tests.builders import TinyStore
 from tests.mounting import fuse, mounted
 from tests.test_mount import wait_until
@@ -448,7 +448,7 @@ def test_repair_in_the_same_run_as_the_corruption_is_found(tmp_path: Path) -> No
 def test_unreadable_blob_is_reported_not_a_crash(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import store.verify as sv
+    import modelfs.store.verify as sv
 
     m = Model(tmp_path / "models")
     real = os.preadv

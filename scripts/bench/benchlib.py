@@ -282,11 +282,11 @@ def write_many_models(root: Path, count: int) -> int:
     model (template, license) go through BlobStore; the per-model blobs and manifests are written
     without fsync, which is fine for a throwaway store and keeps 5,000 models to a few seconds.
     """
-    from store.blobs import FILE_MODE, BlobStore
-    from store.digest import Digest
-    from store.layout import Layout
-    from store.manifest import LAYER_PREFIX, MEDIA_CONFIG, MEDIA_MANIFEST
-    from store.names import parse_name
+    from modelfs.store.blobs import FILE_MODE, BlobStore
+    from modelfs.store.digest import Digest
+    from modelfs.store.layout import Layout
+    from modelfs.store.manifest import LAYER_PREFIX, MEDIA_CONFIG, MEDIA_MANIFEST
+    from modelfs.store.names import parse_name
 
     layout = Layout(root)
     blobs = BlobStore(layout)

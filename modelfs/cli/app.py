@@ -1,0 +1,749 @@
+"""The `modelfs` command: argument parsing, logging, and the one place errors become exits.
+
+User errors print one line `modelfs: error: …` and exit 1; usage errors exit 2 (argparse);
+nothing the user can cause prints a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TextIO
+
+from modelfs.cli.human import go_text
+from modelfs.store.durations import parse_duration
+from modelfs.store.errors import StoreError
+from modelfs.store.layout import Layout, find_store_root
+from modelfs.store.scan import DEFAULT_PREFER, StoreIndex, scan_store
+from modelfs.sync.errors import SyncError
+
+log = logging.getLogger("modelfs")
+
+
+GC_BUSY = 75  # EX_TEMPFAIL: another GC holds the lock; try later (modelfs-gc.service allows it)
+
+
+class UserError(Exception):
+    """A mistake the user can fix; printed as one line."""
+
+
+def _prefer(text: str) -> tuple[str, ...]:
+    runners = tuple(r.strip().lower() for r in text.split(",") if r.strip())
+    if not runners:
+        raise argparse.ArgumentTypeError("expected a comma-separated list of runners")
+    return runners
+
+
+def _add_prefer(p: argparse.ArgumentParser, help: str) -> None:
+    p.add_argument("--prefer", type=_prefer, default=DEFAULT_PREFER, metavar="RUNNERS", help=help)
+
+
+def _open_index(args: argparse.Namespace) -> StoreIndex:
+    root = find_store_root(args.store)
+    index = scan_store(root)
+    for problem in index.problems:
+        log.debug("problem: %s", problem)
+    if index.problems:
+        log.info(
+            "%d problem(s) in the store; `modelfs show` a model for details", len(index.problems)
+        )
+    return index
+
+
+def _print(data: str | bytes) -> None:
+    """One document and a newline on stdout, always UTF-8, whatever the locale says.
+
+    Text from a store (a config's `file_type`, a layer's `name`) may hold a lone surrogate
+    escape that Python's JSON decoder keeps and no encoder accepts; it prints as U+FFFD, which
+    is what Go's decoder turns it into.
+    """
+    if isinstance(data, str):
+        data = go_text(data).encode()
+    buffer = getattr(sys.stdout, "buffer", None)
+    if buffer is None:
+        sys.stdout.write(data.decode() + "\n")
+        return
+    sys.stdout.flush()
+    buffer.write(data + b"\n")
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    from modelfs.cli.ls import render_table, tags_json
+
+    index = _open_index(args)
+    if args.json:
+        _print(tags_json(index, args.prefer))
+    else:
+        _print(render_table(index, args.prefer))
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from modelfs.cli.show import render, show_record
+
+    index = _open_index(args)
+    entry = index.lookup(args.name)
+    record = show_record(index, entry, args.prefer)
+    if args.json:
+        _print(json.dumps(record, indent=2, ensure_ascii=False))
+    else:
+        _print(render(record))
+    return 0
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from modelfs.cli.diff import render
+    from modelfs.store.diff import diff, resolve, resolve_previous
+    from modelfs.store.history import TagHistory
+
+    index = _open_index(args)
+    history = TagHistory(index.layout)
+    a = resolve(index, history, args.a, args.prefer)
+    if args.b is None:
+        b = resolve_previous(index, history, a, args.prefer)
+    else:
+        b = resolve(index, history, args.b, args.prefer)
+    record = diff(index, history, a, b).as_json()
+    if args.json:
+        _print(json.dumps(record, indent=2, ensure_ascii=False))
+    else:
+        _print(render(record))
+    return 0
+
+
+def cmd_demo_store(args: argparse.Namespace) -> int:
+    from modelfs.demo import main as demo_main
+
+    argv = [str(args.dir)] + (["--size", args.size] if args.size else [])
+    return demo_main(argv)
+
+
+def cmd_mount(args: argparse.Namespace) -> int:
+    from modelfs.fsd.mount import Mount, MountError
+
+    root = find_store_root(args.store)
+    try:
+        Mount(
+            root,
+            args.mountpoint,
+            prefer=args.prefer,
+            data=args.data,
+            allow_other=args.allow_other,
+        ).run()
+    except MountError as exc:
+        raise UserError(str(exc)) from None
+    return 0
+
+
+def cmd_umount(args: argparse.Namespace) -> int:
+    from modelfs.fsd.mount import MountError, unmount
+
+    try:
+        unmount(args.mountpoint)
+    except MountError as exc:
+        raise UserError(str(exc)) from None
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from modelfs.sync.serve import ServeError, run_server
+
+    root = find_store_root(args.store)
+
+    def ready(url: str) -> None:
+        print(f"listening on {url}", flush=True)
+
+    try:
+        run_server(
+            root,
+            listen=args.listen,
+            token_file=args.token_file,
+            authorized_keys=args.authorized_keys,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            prefer=args.prefer,
+            ready=ready,
+        )
+    except ServeError as exc:
+        raise UserError(str(exc)) from None
+    return 0
+
+
+def cmd_push(args: argparse.Namespace) -> int:
+    from modelfs.cli.push import run_push
+    from modelfs.sync.errors import SyncError
+
+    index = _open_index(args)
+    try:
+        run_push(index, args.names, args.to, json_lines=args.json, token_file=args.token_file)
+    except SyncError as exc:
+        raise UserError(str(exc)) from None
+    return 0
+
+
+def _seconds(text: str) -> float:
+    """`90s`, `10m`, `1h`, `7d`, or plain seconds; zero or more."""
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _duration(text: str) -> float:
+    """A positive duration (a timeout)."""
+    value = _seconds(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive duration: {text!r}")
+    return value
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    from modelfs.cli.gcreport import render_gc
+    from modelfs.store.errors import LockBusyError
+    from modelfs.store.gc import GcPolicy, grace_problem
+    from modelfs.sync.gc import run_gc
+    from modelfs.sync.threads import run_unwrapped
+
+    problem = grace_problem(args.grace, args.grace_below_floor, "--grace-below-floor")
+    if problem is not None:
+        raise UserError(problem)
+    root = find_store_root(args.store)
+    policy = GcPolicy(
+        grace=args.grace,
+        partial_grace=args.partial_grace,
+        trash_retention=args.trash_retention,
+        below_floor=args.grace_below_floor,
+    )
+    try:
+        report = run_unwrapped(lambda: run_gc(Layout(root), policy, dry_run=args.dry_run))
+    except LockBusyError as exc:
+        # Another host's (or the daemon's) GC is at work: not a failure of this one.
+        log.info("gc: skipped: %s", exc)
+        return GC_BUSY
+    if args.json:
+        _print(json.dumps(report.as_json()))
+    else:
+        _print(render_gc(report))
+    if report.refused:
+        raise UserError(
+            f"gc refused: {len(report.refused)} file(s) cannot be read, so nothing was deleted "
+            f"(first: {report.refused[0]})"
+        )
+    if report.aborted:
+        raise UserError(f"gc stopped: {report.aborted}")
+    if report.errors:
+        raise UserError(f"gc: {len(report.errors)} step(s) failed (first: {report.errors[0]})")
+    return 0
+
+
+def _writable_root(explicit: Path | None) -> Path:
+    """The store root; one is created where none is yet, as `ollama pull` does."""
+    try:
+        return find_store_root(explicit)
+    except StoreError:
+        env = os.environ.get("OLLAMA_MODELS", "").strip().strip("\"'")
+        fresh = explicit or (Path(env) if env else Path.home() / ".ollama" / "models")
+        if fresh.exists() and not fresh.is_dir():
+            raise UserError(f"store {fresh} is not a directory") from None
+        fresh.expanduser().mkdir(parents=True, exist_ok=True)
+        return find_store_root(fresh)
+
+
+def cmd_sync(args: argparse.Namespace) -> int:
+    from modelfs.sync.config import load_config
+    from modelfs.sync.credentials import CredentialsError, read_credentials
+    from modelfs.sync.daemon import run_daemon
+    from modelfs.sync.serve import ServeError
+
+    config = load_config(args.config)
+    root = _writable_root(args.store or config.store)
+    try:
+        read_credentials(config.token_file)
+    except CredentialsError as exc:
+        raise UserError(f"{config.path}: token_file: {exc}") from None
+    if config.authorized_keys is not None:
+        from modelfs.sync.signin import AccessConfigError, AuthorizedKeys
+
+        try:
+            AuthorizedKeys(config.authorized_keys)
+        except AccessConfigError as exc:
+            raise UserError(f"{config.path}: authorized_keys: {exc}") from None
+    if config.token_file is None and config.peers:
+        log.info("no token_file: peers must serve loopback clients without a token")
+    try:
+        run_daemon(config, Layout(root))
+    except ServeError as exc:
+        raise UserError(str(exc)) from None
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from modelfs.cli.status import fetch_status, render_status
+
+    status, error = fetch_status(args.url, args.token_file)
+    if args.json:
+        _print(json.dumps(status if status is not None else {"error": error}))
+    elif status is not None:
+        _print(render_status(status))
+    if error is not None:
+        raise UserError(error)
+    return 0
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from modelfs.cli.progress import BarProgress, JsonProgress, LineProgress
+    from modelfs.sync.credentials import read_credentials
+    from modelfs.sync.progress import Progress
+    from modelfs.sync.pull import PullOptions, run_pull
+
+    sources = [u.rstrip("/") for u in args.sources]
+    for url in sources:
+        if not url.startswith(("http://", "https://")):
+            raise UserError(f"--from {url!r}: expected http://HOST[:PORT] or https://HOST[:PORT]")
+    credentials = read_credentials(args.token_file)
+    root = _writable_root(args.store)
+    progress: Progress
+    if args.json:
+        progress = JsonProgress(sys.stdout)
+    elif sys.stderr.isatty() and not args.quiet:
+        progress = BarProgress(sys.stderr)
+    else:
+        progress = LineProgress(log)
+    options = PullOptions(
+        prefer=args.prefer, all_variants=args.all_variants, read_timeout=args.timeout
+    )
+    try:
+        report = run_pull(
+            root,
+            args.names,
+            sources,
+            options=options,
+            progress=progress,
+            credentials=credentials,
+        )
+    except (StoreError, SyncError) as exc:
+        progress.error(_one_line(str(exc)))
+        raise
+    if report.failed:
+        # Each failure was said as it happened; the summary says where the run ended.
+        for result in report.models:
+            log.warning("pulled:     %s", result.name)
+        for _, failure in report.failed:
+            log.warning("NOT pulled: %s", _one_line(str(failure)))
+        names = ", ".join(text for text, _ in report.failed)
+        raise UserError(f"{len(report.failed)} of {len(args.names)} models not pulled: {names}")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from modelfs.cli.verify import render
+    from modelfs.sync.verify import VerifyOptions, run_verify
+
+    if not args.verbose:
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+    sources = [u.rstrip("/") for u in args.repair_from or ()]
+    for url in sources:
+        if not url.startswith(("http://", "https://")):
+            raise UserError(
+                f"--repair-from {url!r}: expected http://HOST[:PORT] or https://HOST[:PORT]"
+            )
+    from modelfs.sync.credentials import read_credentials
+
+    credentials = read_credentials(args.token_file)
+    root = find_store_root(args.store)
+    options = VerifyOptions(
+        quick=args.quick,
+        repair_from=sources,
+        credentials=credentials,
+        read_timeout=args.timeout,
+    )
+    report = run_verify(root, options)
+    if args.json:
+        _print(json.dumps(report.as_json(), indent=2, ensure_ascii=False))
+    else:
+        _print(render(report))
+    return 0 if report.ok else 1
+
+
+VERIFY_EPILOG = """\
+Exit status: 0 when every blob matches its name and every manifest is readable and has all its
+blobs (after any repair); 1 when a blob is corrupt or unreadable, a manifest names a missing
+blob or a blob of the wrong size, or a manifest is unreadable. Orphaned blobs, stray files and
+`sha256:`-named blobs are reported but alone do not fail the run: they cost disk space, not
+models (`modelfs gc` reclaims orphans, except those it keeps for now, each with the reason: tag
+history, a live lease, younger than the grace; the fix for a misnamed blob is printed).
+
+Corrupt blobs are moved to <store>/.modelfs/quarantine/ and are then no longer served by a mount
+or `modelfs serve`. With --repair-from, each corrupt or missing blob is fetched again from the
+peer(s), verified, and its quarantined copy deleted.
+
+Cache: <store>/.modelfs/verify/cache.json records, for each blob that passed a full check, its
+inode, size, mtime and xxh3. A full run hashes every blob with sha256 (and xxh3). --quick
+hashes with xxh3 only the blobs whose inode, size and mtime match the cache, confirming any
+mismatch with sha256, and fully checks the rest; every byte is still read.
+"""
+
+
+def _peer_arguments(p: argparse.ArgumentParser, token_help: str) -> None:
+    """`--token-file` and `--timeout`, for commands that fetch from peers."""
+    p.add_argument("--token-file", metavar="F", type=Path, help=token_help)
+    p.add_argument(
+        "--timeout",
+        type=_duration,
+        default=30.0,
+        metavar="DURATION",
+        help="give up on a peer that sends nothing for this long (default: 30s)",
+    )
+
+
+def _version() -> str:
+    """The installed distribution's version: what pip put there, so a venv answers for itself."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("modelfs")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "(not installed)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--store",
+        metavar="DIR",
+        type=Path,
+        help="the Ollama model store (default: $OLLAMA_MODELS, ~/.ollama/models, "
+        "/usr/share/ollama/.ollama/models)",
+    )
+    common.add_argument("-v", "--verbose", action="store_true", help="log more")
+    common.add_argument("-q", "--quiet", action="store_true", help="log only errors")
+
+    parser = argparse.ArgumentParser(
+        prog="modelfs",
+        description="Show an Ollama model store by name, and keep it in step across hosts.",
+    )
+    parser.add_argument("--version", action="version", version=f"modelfs {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("ls", parents=[common], help="list models, like `ollama list`")
+    p.add_argument("--json", action="store_true", help="print Ollama's /api/tags response")
+    _add_prefer(p, "variant order for manifest lists (default: llamacpp,ggml,mlx)")
+    p.set_defaults(func=cmd_ls)
+
+    p = sub.add_parser("show", parents=[common], help="variants, layers, files, quantization")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    _add_prefer(p, "variant of a manifest list to show first (default: llamacpp,ggml,mlx)")
+    p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser(
+        "diff",
+        parents=[common],
+        help="what changed between two versions of a model",
+        description="Compare two models: blobs shared and only on one side (kind, size), "
+        "quantization types, and the kind of change (identical, only accessories, new "
+        "packaging, different quantization, fixed conversion, new weights). Each side is a "
+        "tag, or a manifest digest (sha256:<hex>, or 12+ hex digits) found in the store or "
+        "its tag history. B defaults to the version A replaced, from the tag history that "
+        "`modelfs sync` keeps.",
+    )
+    p.add_argument("a", metavar="NAME_OR_DIGEST")
+    p.add_argument("b", metavar="NAME_OR_DIGEST", nargs="?")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    _add_prefer(p, "variant of a manifest list to compare (default: llamacpp,ggml,mlx)")
+    p.set_defaults(func=cmd_diff)
+
+    p = sub.add_parser("mount", parents=[common], help="show the store by name at MOUNTPOINT")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", type=Path)
+    p.add_argument("--allow-other", action="store_true", help="let other users read the mount")
+    _add_prefer(p, "variant shown at a plain tag (default: llamacpp,ggml,mlx)")
+    p.add_argument(
+        "--data",
+        choices=("fuse", "symlink"),
+        default="fuse",
+        help="serve blob-backed files (fuse) or link them to the blobs (symlink)",
+    )
+    p.set_defaults(func=cmd_mount)
+
+    p = sub.add_parser("umount", parents=[common], help="unmount a modelfs mount")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", type=Path)
+    p.set_defaults(func=cmd_umount)
+
+    p = sub.add_parser(
+        "serve", parents=[common], help="serve the store over the OCI distribution API"
+    )
+    p.add_argument(
+        "--listen",
+        metavar="ADDR:PORT",
+        help="where to listen (default: 127.0.0.1:11500; 0.0.0.0:11500 with a token or keys)",
+    )
+    p.add_argument(
+        "--token-file",
+        metavar="F",
+        type=Path,
+        help="require `Authorization: Bearer <token>`; without it only loopback is served",
+    )
+    p.add_argument(
+        "--authorized-keys",
+        metavar="F",
+        type=Path,
+        help="let Ollama hosts whose key (~/.ollama/id_ed25519.pub) is a line of F sign in",
+    )
+    p.add_argument("--tls-cert", metavar="F", type=Path, help="serve HTTPS with this certificate")
+    p.add_argument("--tls-key", metavar="F", type=Path, help="the certificate's private key")
+    _add_prefer(
+        p,
+        "child of a manifest list served to clients that do not take lists "
+        "(default: llamacpp,ggml,mlx)",
+    )
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("push", parents=[common], help="push models to an OCI registry")
+    p.add_argument("names", nargs="+", metavar="NAME")
+    p.add_argument("--to", required=True, metavar="URL", help="the registry, http(s)://HOST:PORT")
+    p.add_argument("--json", action="store_true", help="progress as NDJSON lines")
+    p.add_argument(
+        "--token-file",
+        metavar="F",
+        type=Path,
+        help="a bearer token, or user:password for a registry with basic (htpasswd) auth",
+    )
+    p.set_defaults(func=cmd_push)
+
+    p = sub.add_parser("pull", parents=[common], help="fetch models from peers, verified")
+    p.add_argument("names", nargs="+", metavar="NAME")
+    p.add_argument(
+        "--from",
+        dest="sources",
+        action="append",
+        required=True,
+        metavar="URL",
+        help="a peer (modelfs serve, or an OCI registry); several are tried in order",
+    )
+    p.add_argument("--all-variants", action="store_true", help="every child of a manifest list")
+    _add_prefer(p, "which child of a manifest list to fetch (default: llamacpp,ggml,mlx)")
+    p.add_argument("--json", action="store_true", help="progress as NDJSON (Ollama's /api/pull)")
+    _peer_arguments(p, "a bearer token, or user:password for a registry with basic auth")
+    p.set_defaults(func=cmd_pull)
+
+    p = sub.add_parser(
+        "verify",
+        parents=[common],
+        help="check every blob against its sha256; quarantine and repair corrupt ones",
+        description="Check every blob of the store against its name (sha256), on every core, "
+        "and report corrupt, unreadable, missing, orphaned, stray and misnamed files.",
+        epilog=VERIFY_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="xxh3 instead of sha256 for blobs unchanged since their last full check",
+    )
+    p.add_argument(
+        "--repair-from",
+        action="append",
+        metavar="URL",
+        help="fetch corrupt and missing blobs again from this peer (repeatable; tried in order)",
+    )
+    _peer_arguments(p, "a bearer token, or user:password, for the --repair-from peers")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON document")
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser(
+        "gc",
+        parents=[common],
+        help="delete blobs no manifest or lease needs, safely on a shared store",
+        description="Delete blobs that no manifest (in any form) and no live lease of any host "
+        "needs. A blob goes only after two runs at least the grace apart found it unneeded, "
+        "and first into .modelfs/trash/, emptied after the trash retention; a trashed blob "
+        "that a manifest, link, list or lease names again is put back first thing in a run. "
+        "Nothing is deleted while any manifest or lease cannot be read. On a shared store the "
+        "filesystem must give close-to-open consistency (NFS does), and the grace must outlast "
+        "every client's directory and attribute cache. One GC at a time across hosts: when "
+        f"another holds the lock, it says so and exits {GC_BUSY} (EX_TEMPFAIL).",
+    )
+    p.add_argument("--dry-run", action="store_true", help="say what would go; change nothing")
+    p.add_argument(
+        "--grace",
+        type=_seconds,
+        default=3600.0,
+        metavar="D",
+        help="keep blobs younger than D, and wait D between the two sightings (default 1h; "
+        "at least 10m, which outlasts network filesystems' client caches)",
+    )
+    p.add_argument(
+        "--grace-below-floor",
+        action="store_true",
+        help="allow a --grace under 10m. The risk: on a store shared over NFS or sshfs, a host "
+        "whose client cache still hides a manifest another host just wrote may move that "
+        "model's blobs to the trash. Only where every host sees the store uncached (one host, "
+        "or sshfs -o cache=no)",
+    )
+    p.add_argument(
+        "--partial-grace",
+        type=_seconds,
+        default=7 * 86400.0,
+        metavar="D",
+        help="keep anyone's temp and partial downloads younger than D (default 7d)",
+    )
+    p.add_argument(
+        "--trash-retention",
+        type=_seconds,
+        default=86400.0,
+        metavar="D",
+        help="unlink trashed blobs after D (default 24h)",
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=cmd_gc)
+
+    p = sub.add_parser(
+        "sync",
+        parents=[common],
+        help="the daemon: serve, replicate, lease, collect (run by systemd)",
+        description="Serve the store, replicate the names `replicate` selects from the peers, "
+        "keep this host's lease, and run GC on schedule, until SIGTERM. SIGHUP reloads the "
+        "config. Speaks systemd's notify protocol (READY, STATUS, WATCHDOG, STOPPING).",
+    )
+    p.add_argument("--config", required=True, type=Path, metavar="FILE", help="the TOML config")
+    p.set_defaults(func=cmd_sync)
+
+    p = sub.add_parser(
+        "status",
+        parents=[common],
+        help="this host's sync daemon and its peers: models, transfers, last GC",
+    )
+    p.add_argument(
+        "--url",
+        default="http://127.0.0.1:11500",
+        help="the daemon to ask (default: http://127.0.0.1:11500)",
+    )
+    p.add_argument("--token-file", type=Path, metavar="F", help="its bearer token")
+    p.add_argument("--json", action="store_true", help="print the daemon's status JSON")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("demo-store", parents=[common], help="write a demo store into DIR")
+    p.add_argument("dir", metavar="DIR", type=Path)
+    p.add_argument("--size", help="size of the main model blob, e.g. 1G (default: small)")
+    p.set_defaults(func=cmd_demo_store)
+    return parser
+
+
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever `sys.stderr` is when a record is emitted, not when it was made.
+
+    `run()` may be called more than once in a process (tests, the demo); a handler bound to
+    the stderr of the first call would write the later calls' logs to a stale stream.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: TextIO) -> None:
+        pass
+
+
+def _to_journal() -> bool:
+    """Is stderr the journal's stream (systemd sets $JOURNAL_STREAM to its `dev:ino`)?"""
+    want = os.environ.get("JOURNAL_STREAM", "")
+    try:
+        st = os.fstat(sys.stderr.fileno())
+    except (OSError, ValueError, AttributeError):
+        return False
+    return want == f"{st.st_dev}:{st.st_ino}"
+
+
+_SYSLOG_PRIORITY = {"CRITICAL": 2, "ERROR": 3, "WARNING": 4, "INFO": 6, "DEBUG": 7}
+
+
+class _JournalFormatter(logging.Formatter):
+    """`<N>` before each line: the journal stores it as the priority (errors show red in
+    `journalctl`); the unit's name already says it is modelfs."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        prefix = f"<{_SYSLOG_PRIORITY.get(record.levelname, 6)}>"
+        return "\n".join(prefix + line for line in super().format(record).splitlines())
+
+
+def _setup_logging(args: argparse.Namespace) -> None:
+    level = logging.INFO
+    if getattr(args, "verbose", False):
+        level = logging.DEBUG
+    elif getattr(args, "quiet", False):
+        level = logging.ERROR
+    # Not logging.basicConfig: it does nothing once the root logger has a handler (a second
+    # run() in one process, or pytest's log capture), so the store root would go unlogged.
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, _StderrHandler)]:
+        root.removeHandler(old)
+    handler = _StderrHandler()
+    # No timestamps of our own: a terminal does not need them and the journal adds its own.
+    handler.setFormatter(
+        _JournalFormatter("%(message)s")
+        if _to_journal()
+        else logging.Formatter("modelfs: %(message)s")
+    )
+    root.addHandler(handler)
+    root.setLevel(level)
+    # httpx logs a line per request at INFO; that is debugging detail here.
+    logging.getLogger("httpx").setLevel(
+        logging.DEBUG if level == logging.DEBUG else logging.WARNING
+    )
+
+
+def _error(text: str) -> None:
+    """The one error line; marked as an error for the journal when that is where it goes."""
+    prefix = "<3>" if _to_journal() else ""
+    print(f"{prefix}modelfs: error: {_one_line(text)}", file=sys.stderr)
+
+
+def _one_line(text: str) -> str:
+    """An error message as one line, whatever a path or name in it contains."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
+def _os_error(exc: OSError) -> str:
+    if exc.strerror and exc.filename is not None:
+        return f"{exc.filename}: {exc.strerror}"
+    return exc.strerror or str(exc)
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _setup_logging(args)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        status = func(args)
+        # Flush here, not at exit: a reader that went away (`modelfs ls | head -1`) must be
+        # seen while BrokenPipeError can still be handled, or Python prints a traceback-like
+        # "Exception ignored" and exits 120.
+        sys.stdout.flush()
+        return status
+    except (StoreError, SyncError, UserError) as exc:
+        _error(str(exc))
+        return 1
+    except BrokenPipeError:
+        # `modelfs ls | head` is not an error.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except OSError as exc:
+        # An unreadable or unnamable store (EACCES, ENAMETOOLONG, EIO): the user's to fix.
+        _error(_os_error(exc))
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def main() -> None:
+    sys.exit(run())

@@ -1,0 +1,314 @@
+"""`modelfs mount`: wire the store scan, the name tree and pyfuse3 together, and keep the tree
+in step with the store while mounted."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import os
+import signal
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+
+import pyfuse3
+import trio
+
+from modelfs.fsd import loop
+from modelfs.fsd.ops import ModelOperations
+from modelfs.fsd.tree import DirNode, InodeTable, NameTree, TreeBuilder
+from modelfs.runtime.inotify import StoreWatch, WatchError
+from modelfs.runtime.leasing import leased
+from modelfs.runtime.notify import sd_notify
+from modelfs.store.layout import Layout
+from modelfs.store.leases import LeaseKeeper
+from modelfs.store.scan import ScanCache, scan_store
+from modelfs.store.watch import store_signature
+
+log = logging.getLogger(__name__)
+
+POLL_INTERVAL = 1.0  # with a 1 s name timeout, a change shows within 2 s
+# A local store is watched by inotify; a look now and then all the same, in case an event
+# was missed (a change made under another mount of the same filesystem is still seen).
+SAFETY_INTERVAL = 30.0
+READ_AHEAD_KB = 1024
+
+
+class MountError(Exception):
+    """The mount could not be set up; the message is one line for the user."""
+
+
+def changed_entries(old: NameTree, new: NameTree) -> Iterable[tuple[int, str]]:
+    """(parent inode, name) of every entry of `old` that vanished or points elsewhere in `new`.
+
+    Only directories filled in `old` are walked: the kernel cannot have entries of a lazy
+    directory nobody looked into. Their counterparts in `new` are filled to compare, so this
+    belongs in the thread that built `new`, before it is served.
+    """
+    stack: list[tuple[DirNode, DirNode | None]] = [(old.root, new.root)]
+    while stack:
+        node, fresh = stack.pop()
+        if not node.loaded:
+            continue
+        # One whose fill is slow (a huge merged header) is not filled here: its old names
+        # are all invalidated instead, which only costs the kernel a lookup.
+        fresh_children = fresh.children if fresh is not None and not fresh.needs_prepare else {}
+        # A snapshot: the request loop may be filling directories of `old` meanwhile.
+        for name, child in list(node._children.items()):
+            other = fresh_children.get(name)
+            if other is None or other.inode != child.inode:
+                yield node.inode, name
+            if isinstance(child, DirNode):
+                stack.append((child, other if isinstance(other, DirNode) else None))
+
+
+def _bdi_of(mountpoint: Path) -> str | None:
+    """The backing-device name ("0:NN") of a mount, from /proc/self/mountinfo."""
+    target = str(mountpoint)
+    found = None
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) > 4 and fields[4].replace("\\040", " ") == target:
+                found = fields[2]  # the last mount on that point wins
+    return found
+
+
+def raise_read_ahead(mountpoint: Path) -> None:
+    """FUSE reads arrive in read-ahead-sized requests; 1 MiB ones cut the per-request cost."""
+    bdi = _bdi_of(mountpoint)
+    if bdi is None:
+        return
+    path = Path("/sys/class/bdi") / bdi / "read_ahead_kb"
+    try:
+        path.write_text(str(READ_AHEAD_KB))
+        log.debug("read_ahead_kb=%d on %s", READ_AHEAD_KB, bdi)
+    except OSError as exc:
+        log.debug("cannot raise read-ahead (%s): %s", path, exc.strerror)
+
+
+class Mount:
+    def __init__(
+        self,
+        root: Path,
+        mountpoint: Path,
+        *,
+        prefer: tuple[str, ...],
+        data: str = "fuse",
+        allow_other: bool = False,
+    ) -> None:
+        self.layout = Layout(root)
+        self.mountpoint = mountpoint.resolve()
+        self.builder = TreeBuilder(InodeTable(), prefer=prefer, data=data)
+        self.data = data
+        self.allow_other = allow_other
+        self._signature: tuple[object, ...] = ()
+        self.watch: StoreWatch | None = None
+        self.scan_cache = ScanCache()  # a rescan re-reads only the tag files that changed
+        self._rescan_asked = False  # by SIGHUP
+        self._waiting = trio.CancelScope()  # the watch loop's current wait, cut short by SIGHUP
+
+    def _store_readable(self) -> bool:
+        try:
+            for d in (self.layout.root, self.layout.blobs):
+                with os.scandir(d):
+                    pass
+        except OSError:
+            return False
+        return True
+
+    def _scan(self) -> NameTree:
+        signature = store_signature(self.layout)
+        # A scan and a build make a few hundred thousand objects that all live on; the cyclic
+        # collector would walk them again and again meanwhile, for nothing. Afterwards they are
+        # frozen out of its reach: a tree holds no reference cycles, so when a newer tree
+        # replaces it, reference counting frees it all the same.
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            index = scan_store(self.layout, self.scan_cache)
+            self._signature = signature
+            self.models = len(index)
+            for problem in index.problems:
+                log.debug("problem: %s", problem)
+            tree = self.builder.build(index)
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+        # What the request loop left meanwhile (reference cycles of finished trio tasks and
+        # thread hops, made while the collector was off for every thread) is collected before
+        # the freeze, which would otherwise keep it for good: a mount serving reads during
+        # rescans grew by ~100 KB a rescan. This walks only what was made since the last
+        # freeze (the new tree mostly): ~10 % of a rescan.
+        gc.collect()
+        gc.freeze()
+        return tree
+
+    def run(self) -> None:
+        if not self.mountpoint.is_dir():
+            raise MountError(f"mount point {self.mountpoint} is not a directory")
+        if os.path.ismount(self.mountpoint):
+            raise MountError(f"{self.mountpoint} is already a mount point")
+        # Watch first, then scan: a change made meanwhile is in the scan or wakes the watch.
+        self.watch = self._open_watch()
+        try:
+            self._mount_and_serve()
+        finally:
+            if self.watch is not None:
+                self.watch.close()
+
+    def _mount_and_serve(self) -> None:
+        tree = self._scan()
+        st = os.stat(self.layout.root)
+        self.ops = ModelOperations(tree, st.st_uid, st.st_gid, self.layout.root)
+        options = set(pyfuse3.default_options) | {"fsname=modelfs", "subtype=modelfs", "ro"}
+        if self.allow_other:
+            options.add("allow_other")
+        try:
+            pyfuse3.init(self.ops, str(self.mountpoint), options)
+        except RuntimeError as exc:
+            raise MountError(f"cannot mount on {self.mountpoint}: {exc}") from None
+        clean = False
+        try:
+            trio.run(self._main)
+            clean = True
+        finally:
+            # After a crash the mount is left in place: readers get "Transport endpoint is not
+            # connected", never an empty directory that `rsync --delete` would mirror.
+            pyfuse3.close(unmount=clean)
+
+    async def _main(self) -> None:
+        # The mount's lease: the blobs of files open through it (GC invariant 3 in
+        # docs/architecture.md). A store where it cannot be written (read-only, someone
+        # else's) is served all the same.
+        async with leased(LeaseKeeper(self.layout, "mount"), strict=False) as lease:
+            self.ops.lease = lease
+            if self.data == "symlink":
+                log.info(
+                    "--data symlink: files read through their symlinks are opened in the "
+                    "store itself; the mount cannot see them, and its lease does not hold them"
+                )
+            await self._serve()
+        # Unmounted cleanly: the lease file is gone (after a kill -9 it expires by its TTL).
+
+    async def _serve(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._signals)
+            nursery.start_soon(self._watch)
+            nursery.start_soon(self.ops.linger)
+            nursery.start_soon(self._make_views)
+            nursery.start_soon(trio.to_thread.run_sync, raise_read_ahead, self.mountpoint)
+            log.info(
+                "mounted %s on %s (%d models)",
+                self.layout.root,
+                self.mountpoint,
+                self.models,
+            )
+            sd_notify(f"READY=1\nSTATUS=serving {self.layout.root} at {self.mountpoint}")
+            if os.environ.get("MODELFS_FUSE_LOOP", "fast") != "trio":  # for comparisons
+                loop.install()
+            await pyfuse3.main()
+            nursery.cancel_scope.cancel()
+
+    async def _make_views(self) -> None:
+        # Views decided at an earlier mount are made here, off the request loop, so that a
+        # first look into `llama.cpp/` does not stall every request while a header is read.
+        tree = self.ops.tree
+        made = await trio.to_thread.run_sync(tree.make_views)
+        if made:
+            log.debug("%d llama.cpp view(s) made", made)
+
+    async def _signals(self) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+            async for signum in signals:
+                if signum == signal.SIGHUP:
+                    self._rescan_asked = True  # kept until a rescan starts, even mid-rescan
+                    self._waiting.cancel()
+                    continue
+                log.info("%s: unmounting", signal.Signals(signum).name)
+                sd_notify("STOPPING=1")
+                pyfuse3.terminate()
+                return
+
+    def _open_watch(self) -> StoreWatch | None:
+        try:
+            watch = StoreWatch(self.layout)
+        except WatchError as exc:
+            log.warning("%s; looking for changes every %g s instead", exc, POLL_INTERVAL)
+            return None
+        if watch.remote:
+            log.info(
+                "store on %s: changes from other hosts are looked for every %g s",
+                watch.remote,
+                POLL_INTERVAL,
+            )
+        return watch
+
+    async def _wait_for_change(self, watch: StoreWatch | None) -> StoreWatch | None:
+        """Sleep until inotify reports something or the poll interval is up; returns the watch,
+        or None once inotify gave out (then polling alone keeps the view in step)."""
+        interval = POLL_INTERVAL if watch is None or watch.remote else SAFETY_INTERVAL
+        if self._rescan_asked:  # a SIGHUP during the last rescan
+            return watch
+        with trio.move_on_after(interval) as self._waiting:
+            if watch is None:
+                await trio.sleep_forever()
+            try:
+                await watch.changed()
+            except WatchError as exc:
+                log.warning("%s; looking for changes every %g s instead", exc, POLL_INTERVAL)
+                watch.close()
+                return None
+        return watch
+
+    async def _watch(self) -> None:
+        await self._follow(self.watch)
+
+    async def _follow(self, watch: StoreWatch | None) -> None:
+        while True:
+            watch = await self._wait_for_change(watch)
+            asked, self._rescan_asked = self._rescan_asked, False
+            signature = await trio.to_thread.run_sync(store_signature, self.layout)
+            if signature == self._signature and not asked:
+                continue
+            if not await trio.to_thread.run_sync(self._store_readable):
+                # A store that vanished (unmounted NFS, a renamed dir) is not an empty store.
+                if self._signature:
+                    log.error(
+                        "store %s is gone or unreadable; keeping the last view", self.layout.root
+                    )
+                self._signature = signature
+                continue
+            old = self.ops.tree
+            try:
+                tree, stale = await trio.to_thread.run_sync(self._rescan, old)
+            except Exception:
+                # The view must survive any store state; keep serving the last good tree.
+                log.exception("rescan failed; keeping the previous view")
+                self._signature = signature
+                continue
+            self.ops.swap(tree)
+            for parent, name in stale:
+                with contextlib.suppress(OSError):
+                    pyfuse3.invalidate_entry_async(parent, os.fsencode(name), ignore_enoent=True)
+            log.info("store changed: view rebuilt (%d entries invalidated)", len(stale))
+
+    def _rescan(self, old: NameTree) -> tuple[NameTree, list[tuple[int, str]]]:
+        tree = self._scan()
+        return tree, list(changed_entries(old, tree))
+
+
+def unmount(mountpoint: Path) -> None:
+    if not os.path.ismount(mountpoint):
+        raise MountError(f"{mountpoint} is not a mount point")
+    for cmd in (["fusermount3", "-u", str(mountpoint)], ["umount", str(mountpoint)]):
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        except FileNotFoundError:
+            continue
+        if done.returncode == 0:
+            return
+        last = done.stderr.strip().splitlines()[-1:] or [f"exit {done.returncode}"]
+        error = last[0]
+    raise MountError(f"cannot unmount {mountpoint}: {error}")

@@ -1,0 +1,909 @@
+"""The name tree a mount shows, built from a store scan (README, "The mount").
+
+A tree is immutable once built; a change in the store builds a new one. Inode numbers come from
+an `InodeTable` that lives as long as the mount, keyed by what a node *is* (a directory's path,
+a blob's digest, a small file's path and bytes), so an unchanged path keeps its inode across
+rebuilds and an inode never changes meaning, which lets an open file keep its bytes when its
+tag moves. Numbers the served tree does not use and the kernel has forgotten are let go
+(`InodeTable.retain`), so a mount that runs for months through many re-tags stays its size.
+
+The short-name model directories are built at once (they are what `ls -lR MOUNT` walks); the
+model directories under `.by-name/` and `.by-digest/`, and `.blobs/`, are placed at once but
+filled on first use. Everything a listing of their parent shows (inode, mtime, link count, the
+link counts of the blobs inside) is known when they are placed, so filling one changes nothing
+that was shown; it only makes what is inside.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import itertools
+import logging
+import stat
+import threading
+import weakref
+from collections.abc import Callable, Container, Hashable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, TypeVar
+
+from modelfs.store.compat import (
+    COMPATIBLE_RUNNERS,
+    CompatViews,
+    ComputeCache,
+    GGUFView,
+    compat_views,
+    may_need_mmproj_view,
+    may_need_view,
+    mmproj_view,
+)
+from modelfs.store.compat.decisions import Decisions
+from modelfs.store.digest import Digest
+from modelfs.store.errors import StoreError
+from modelfs.store.fileio import open_binary
+from modelfs.store.files import ModelFile, model_files
+from modelfs.store.manifest import Manifest, clean_text
+from modelfs.store.names import Name
+from modelfs.store.safetensors import read_header_length, read_safetensors_header_path
+from modelfs.store.scan import DEFAULT_PREFER, Entry, StoreIndex, Variant
+from modelfs.store.views import MergedSafetensors, merge_safetensors, read_merged, render_modelfile
+
+log = logging.getLogger(__name__)
+
+ROOT_INODE = 1
+_V = TypeVar("_V")
+MAX_TEXT_BYTES = 1 << 20  # templates, licenses, params shown inside a Modelfile
+# A model whose tensor blobs' headers add up to more than this gets its `model.safetensors`
+# made in a worker thread when its directory is first looked into, never in a build: a
+# 100 MB header (a million tensors, legal) takes seconds to read and merge.
+EAGER_HEADER_BYTES = 4 << 20
+
+
+class InodeTable:
+    """Stable inode numbers for the life of a mount; never reused. Safe across threads (a
+    rebuild in a worker thread, a lazy directory filled in the request loop) without a lock:
+    `next` on a count and `dict.setdefault` are atomic, and a number lost to a race is just
+    never used."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[Hashable, int] = {}
+        self._numbers = itertools.count(ROOT_INODE + 1)
+
+    def get(self, key: Hashable) -> int:
+        ino = self._by_key.get(key)
+        if ino is None:
+            ino = self._by_key.setdefault(key, next(self._numbers))
+        return ino
+
+    def retain(self, live: Container[int]) -> None:
+        """Forget the keys of inodes not in `live`. Called between builds only (from the
+        mount's loop, after a build finished): a key dropped here and met again later gets a
+        new number, which is right, as nothing that knew the old one is left."""
+        self._by_key = {k: ino for k, ino in self._by_key.items() if ino in live}
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+
+@dataclass(eq=False)
+class Node:
+    inode: int
+    mtime_ns: int
+    xattrs: dict[str, bytes] = field(default_factory=dict)
+    links: int = 1  # how many places show it, so `du` and `rsync -H` count a blob once
+
+    mode = stat.S_IFREG | 0o444
+
+    @property
+    def size(self) -> int:
+        return 0
+
+
+@dataclass(eq=False)
+class DirNode(Node):
+    path: tuple[str, ...] = ()
+    is_model: bool = False
+    # A lazy directory has `_fill` set until first use, and `_subdirs` says what its link
+    # count will be; `children` fills it.
+    _children: dict[str, Node] = field(default_factory=dict, repr=False)
+    _fill: Callable[[DirNode], None] | None = field(default=None, repr=False)
+    _subdirs: int = 0
+    # Slow work the fill needs (a merged header of a huge safetensors blob), to be run in a
+    # worker thread before the first look inside, so the request loop never waits for it.
+    _prepare: Callable[[], None] | None = field(default=None, repr=False)
+    mode = stat.S_IFDIR | 0o555
+
+    @property
+    def size(self) -> int:
+        return 4096
+
+    @property
+    def children(self) -> dict[str, Node]:
+        fill = self._fill
+        if fill is not None:
+            self._fill = None
+            fill(self)
+        return self._children
+
+    @property
+    def loaded(self) -> bool:
+        """False for a lazy directory nobody has looked into yet."""
+        return self._fill is None
+
+    @property
+    def needs_prepare(self) -> bool:
+        """True until `prepare` has run: filling it now would do slow work in the caller."""
+        return self._prepare is not None
+
+    def prepare(self) -> None:
+        """Do the slow part of filling it (safe in a worker thread: it only fills caches)."""
+        prepare = self._prepare
+        if prepare is not None:
+            prepare()
+            self._prepare = None
+
+    @property
+    def nlink(self) -> int:
+        if self._fill is not None:
+            return 2 + self._subdirs
+        return 2 + sum(isinstance(c, DirNode) for c in self._children.values())
+
+
+@dataclass(eq=False)
+class BlobNode(Node):
+    """A file whose bytes are one blob, served from the blob file."""
+
+    digest: Digest = field(default=Digest("0" * 64))
+    blobs_dir: Path = field(default=Path())
+    blob_size: int = 0
+    media_type: str = ""
+    gguf: bool = False
+
+    @property
+    def size(self) -> int:
+        return self.blob_size
+
+    @functools.cached_property
+    def path(self) -> Path:
+        # Made on first use: a Path per blob was a fifth of a build.
+        return self.blobs_dir / self.digest.blob_name
+
+
+@dataclass(eq=False)
+class BytesNode(Node):
+    """A small file synthesized in memory."""
+
+    data: bytes = b""
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+
+@dataclass(eq=False)
+class MergedNode(Node):
+    """`model.safetensors`: a merged header, data read from many blobs."""
+
+    merged: MergedSafetensors | None = None
+
+    @property
+    def size(self) -> int:
+        return self.merged.size if self.merged else 0
+
+    @functools.cached_property
+    def digests(self) -> tuple[Digest, ...]:
+        """The tensor blobs it reads from, each once (segments are `blobs/sha256-<hex>`)."""
+        assert self.merged is not None
+        return tuple(dict.fromkeys(Digest.parse(s.path.name) for s in self.merged.segments))
+
+    def read(self, fds: dict[Path, int], offset: int, size: int) -> bytes:
+        assert self.merged is not None
+        return read_merged(self.merged, fds, offset, size)
+
+
+@dataclass(eq=False)
+class CompatNode(Node):
+    """`llama.cpp/model.gguf` or `llama.cpp/mmproj.gguf`: a synthesized GGUF whose data are
+    ranges of one blob (and computed tensors, cached under `.modelfs/compat/`)."""
+
+    digest: Digest = field(default=Digest("0" * 64))
+    path: Path = field(default=Path())
+    view: GGUFView | None = None
+    cache: ComputeCache | None = None
+
+    @property
+    def size(self) -> int:
+        return self.view.size if self.view else 0
+
+    def touches_compute(self, offset: int, size: int) -> bool:
+        """True if [offset, offset+size) holds a computed tensor (a slow first read)."""
+        assert self.view is not None
+        end = offset + size
+        return any(p.start < end and offset < p.start + p.length for p in self.view.computed_pieces)
+
+    def read(self, fd: int, offset: int, size: int) -> bytes:
+        assert self.view is not None
+        return self.view.read(fd, offset, size, self.cache)
+
+
+@dataclass(eq=False)
+class SymlinkNode(Node):
+    target: bytes = b""
+    mode = stat.S_IFLNK | 0o777
+
+    @property
+    def size(self) -> int:
+        return len(self.target)
+
+
+class NodeSink(Protocol):
+    """Where nodes made after a build (by filling a lazy directory) are registered: the mount's
+    inode -> node table."""
+
+    def place(self, node: Node, current: bool) -> None:
+        """Register `node`; `current` when the tree that made it is the one served (its node
+        wins), else only if nothing holds the inode yet (a replaced tree the kernel still
+        walks; the content of an inode is the same in both by construction)."""
+
+
+@dataclass
+class NameTree:
+    root: DirNode
+    nodes: dict[int, Node]  # every node made by the build itself
+    blob_nodes: dict[Digest, BlobNode]
+    _build: _Build | None = field(default=None, repr=False)
+
+    def attach(self, sink: NodeSink) -> None:
+        """Register the nodes lazy directories make, now and from now on, in `sink.nodes`."""
+        if self._build is not None:
+            self._build.attach(sink)
+
+    def has_blob(self, digest: Digest) -> bool:
+        """Whether the scan this tree was built from found the blob (a tree built without one,
+        in tests, has every blob)."""
+        return self._build is None or self._build.index.has_blob(digest)
+
+    def make_views(self) -> int:
+        """Make the llama.cpp views this tree will show, ahead of their first use (in a worker
+        thread, after the mount is ready): filling `llama.cpp/` in the request loop is then
+        only placing nodes. Returns how many were made."""
+        return self._build.make_views() if self._build is not None else 0
+
+    def retain_inodes(self, live: Container[int]) -> None:
+        """Let the inode table forget numbers not in `live` (see InodeTable.retain)."""
+        if self._build is not None:
+            self._build.inodes.retain(live)
+
+    def retire(self) -> None:
+        """A newer tree is served: what this one still makes never displaces the newer one's
+        node of the same inode (an inode's content is the same in both by construction; this
+        only keeps the newest directory listing and link count)."""
+        if self._build is not None:
+            self._build.current = False
+
+
+@dataclass
+class _Plan:
+    """What a model directory of one manifest holds, worked out once per build."""
+
+    files: list[ModelFile]
+    shown: list[tuple[ModelFile, BlobNode]]  # the blob-backed files, blob present, right size
+    missing: list[str]  # status lines
+    config: BlobNode | None
+    subdirs: int
+
+
+class TreeBuilder:
+    """Builds NameTrees from StoreIndexes. `data` is "fuse" (serve bytes) or "symlink"."""
+
+    def __init__(
+        self,
+        inodes: InodeTable,
+        *,
+        prefer: Iterable[str] = DEFAULT_PREFER,
+        data: str = "fuse",
+    ) -> None:
+        self.inodes = inodes
+        self.prefer = tuple(prefer)
+        self.data = data
+        # Merged views depend only on blob contents, so they are cached for the mount's life.
+        self.merged: dict[tuple[Digest, ...], MergedSafetensors | str] = {}
+        # One merge of a big header at a time per key, however many directories ask for it.
+        self.merge_locks: dict[tuple[Digest, ...], threading.Lock] = {}
+        # So do llama.cpp views of GGUF blobs (None: the blob needs none).
+        self.compat: dict[Digest, CompatViews | str | None] = {}
+        # ... and the views of separate projector blobs (mmproj.gguf layers).
+        self.mmproj: dict[Digest, GGUFView | str | None] = {}
+        self.compute_cache: ComputeCache | None = None
+        # Which blobs get views, from earlier mounts: a view is made when first looked into.
+        self.decisions: Decisions | None = None
+
+    def build(self, index: StoreIndex) -> NameTree:
+        # A build makes ~20 objects per model and keeps them all; the cyclic collector would
+        # walk them again and again while they are being made, for nothing.
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        if self.decisions is None:
+            self.decisions = Decisions(index.layout)
+        self.decisions.forget_use()
+        try:
+            return _Build(self, index).run()
+        finally:
+            self._drop_gone(index)
+            self.decisions.save()
+            if gc_was_enabled:
+                gc.enable()
+
+
+    def _drop_gone(self, index: StoreIndex) -> None:
+        """Views of blobs the store no longer has go with them (a mount's life is long)."""
+        for cache in (self.compat, self.mmproj):
+            for digest in [d for d in cache if not index.has_blob(d)]:
+                del cache[digest]
+        for key in [k for k in self.merged if not all(index.has_blob(d) for d in k)]:
+            del self.merged[key]
+
+
+class _Build:
+    """One build: the state that depends on one StoreIndex, kept as long as a lazy directory
+    of its tree may still be filled. Nothing here refers back to the tree's nodes (the mount
+    is held weakly), so a tree that is no longer served is freed by reference counting."""
+
+    def __init__(self, builder: TreeBuilder, index: StoreIndex) -> None:
+        self.inodes = builder.inodes
+        self.prefer = builder.prefer
+        self.data = builder.data
+        self.merged = builder.merged
+        self.compat = builder.compat
+        self.mmproj = builder.mmproj
+        self.builder = builder  # its caches; it holds no node
+        self.index = index
+        # Every model is placed up to three times (short name, .by-name, .by-digest); what
+        # depends only on a manifest or a blob is computed once per build.
+        self.plans: dict[Digest, _Plan] = {}
+        self.texts: dict[Digest, str | None] = {}
+        self.modelfiles: dict[tuple[Digest, str], bytes] = {}
+        self.blob_nodes: dict[Digest, BlobNode] = {}
+        # Files made from several blobs, one node per build wherever they show, with the
+        # number of places that show them counted while placing (filled or not).
+        self.merged_nodes: dict[tuple[Digest, ...], MergedNode] = {}
+        self.merged_links: dict[tuple[Digest, ...], int] = {}
+        self.compat_nodes: dict[tuple[Digest, str], CompatNode] = {}
+        self.compat_links: dict[tuple[Digest, str], int] = {}
+        self.heavy: dict[tuple[Digest, ...], bool] = {}  # see _merge_is_heavy
+        self.nodes: dict[int, Node] | None = {}  # while building; then None
+        self.pending: dict[int, Node] = {}  # made lazily before the tree is attached
+        self.sink: weakref.ref[NodeSink] | None = None
+        self.current = True
+
+    # -- registration --------------------------------------------------------------------
+    def register(self, node: Node) -> None:
+        if self.nodes is not None:
+            self.nodes[node.inode] = node
+            return
+        sink = self.sink() if self.sink is not None else None
+        if sink is None:
+            if self.sink is None:
+                self.pending[node.inode] = node
+            return  # the mount is gone
+        sink.place(node, self.current)
+
+    def attach(self, sink: NodeSink) -> None:
+        self.sink = weakref.ref(sink)
+        pending, self.pending = self.pending, {}
+        for node in pending.values():
+            self.register(node)
+
+    # -- the build -----------------------------------------------------------------------
+    def run(self) -> NameTree:
+        index = self.index
+        root_mtime = max((e.mtime_ns for e in index), default=0)
+        root = self._dir((), root_mtime)
+        assert self.nodes is not None
+        del self.nodes[root.inode]
+        root.inode = ROOT_INODE
+        self.register(root)
+
+        by_name = self._mkdirs(root, (".by-name",), root_mtime)
+        by_digest = self._mkdirs(root, (".by-digest",), root_mtime)
+        blobs = self._mkdirs(root, (".blobs",), root_mtime)
+        blobs._fill = self._fill_blobs
+
+        for entry in index.sorted_entries():
+            try:
+                self._add_entry(root, by_name, by_digest, entry)
+            except Exception:
+                # One model's oddity must not cost the user the whole view.
+                log.exception("%s: not shown", entry.name)
+        for key, merged in self.merged_nodes.items():
+            merged.links = self.merged_links.get(key, 1)
+        nodes, self.nodes = self.nodes, None
+        return NameTree(root, nodes, self.blob_nodes, self)
+
+    def _fill_blobs(self, blobs: DirNode) -> None:
+        for name in sorted(self.index.blob_names):
+            node = self._blob(Digest(name.removeprefix("sha256-")), "")
+            if node is not None:
+                blobs._children[name] = node
+
+    # -- helpers -------------------------------------------------------------------------
+    def _dir(
+        self, path: tuple[str, ...], mtime_ns: int, xattrs: dict[str, bytes] | None = None
+    ) -> DirNode:
+        node = DirNode(self.inodes.get(("dir", path)), mtime_ns, xattrs or {}, path=path)
+        self.register(node)
+        return node
+
+    def _mkdirs(self, parent: DirNode, rel: Iterable[str], mtime_ns: int) -> DirNode:
+        """The directory `rel` below `parent`, made as needed; _Clash if a file is in the way."""
+        node = parent
+        for part in rel:
+            child = node._children.get(part)
+            if child is None:
+                child = self._dir((*node.path, part), mtime_ns)
+                node._children[part] = child
+            elif not isinstance(child, DirNode) or child.is_model:
+                # Never into another model's directory: `llama3/8b/q4` must not appear inside
+                # the library model `llama3:8b`.
+                raise _Clash(part)
+            child.mtime_ns = max(child.mtime_ns, mtime_ns)
+            node = child
+        return node
+
+    def _blob(self, digest: Digest, media_type: str) -> BlobNode | None:
+        """The one node of a present blob (shared by every path that shows it)."""
+        node = self.blob_nodes.get(digest)
+        if node is not None:
+            return node
+        info = self.index.blob_info(digest)
+        if info is None:
+            return None
+        node = BlobNode(
+            self.inodes.get(("blob", digest)),
+            int(info.mtime * 1e9),
+            {"user.modelfs.digest": str(digest).encode()},
+            digest=digest,
+            blobs_dir=self.index.layout.blobs,
+            blob_size=info.size,
+            media_type=media_type,
+            links=1,  # .blobs/ shows every present blob
+        )
+        if media_type:
+            node.xattrs["user.modelfs.media_type"] = media_type.encode()
+        self.blob_nodes[digest] = node
+        self.register(node)
+        return node
+
+    def _plan(self, manifest: Manifest) -> _Plan:
+        plan = self.plans.get(manifest.digest)
+        if plan is not None:
+            return plan
+        files = model_files(manifest)
+        shown: list[tuple[ModelFile, BlobNode]] = []
+        missing: list[str] = []
+        subdirs = {".ollama"}
+        for f in files:
+            blob = self._blob(f.layer.digest, f.layer.media_type)
+            if blob is None or blob.size != f.layer.size:
+                missing.append(f"missing blob {f.layer.digest} ({f.path})")
+                continue
+            if not blob.media_type:
+                blob.media_type = f.layer.media_type
+                blob.xattrs["user.modelfs.media_type"] = f.layer.media_type.encode()
+            if f.path.endswith(".gguf"):
+                blob.gguf = True  # its header-derived xattrs are read on first getxattr
+            shown.append((f, blob))
+            top, sep, _ = f.path.partition("/")
+            if sep:
+                subdirs.add(top)
+        config = None
+        if manifest.config is not None:
+            if self.index.blob_info(manifest.config.digest) is None:
+                missing.append(f"missing blob {manifest.config.digest} (.ollama/config.json)")
+            else:
+                config = self._blob(manifest.config.digest, manifest.config.media_type)
+        plan = _Plan(files, shown, missing, config, len(subdirs))
+        self.plans[manifest.digest] = plan
+        return plan
+
+    def _file_node(self, blob: BlobNode) -> Node:
+        if self.data == "symlink":
+            target = str(blob.path).encode()
+            link = SymlinkNode(
+                self.inodes.get(("link", target)), blob.mtime_ns, dict(blob.xattrs), target=target
+            )
+            self.register(link)
+            return link
+        return blob
+
+    def _bytes(self, path: tuple[str, ...], data: bytes, mtime_ns: int) -> BytesNode:
+        # bytes hash once per object and the same objects recur (manifest bytes, Modelfiles).
+        key = ("bytes", path, data)
+        node = BytesNode(self.inodes.get(key), mtime_ns, data=data)
+        self.register(node)
+        return node
+
+    # -- model directories ---------------------------------------------------------------
+    def _add_entry(self, root: DirNode, by_name: DirNode, by_digest: DirNode, entry: Entry) -> None:
+        name = entry.name
+        canonical = name.legacy_parts()
+        preferred = entry.preferred(self.prefer)
+        if preferred is not None:
+            self._place(by_name, canonical, entry, preferred, lazy=True)
+            self._place(root, short_path(name), entry, preferred)
+            self._place(by_digest, (entry.digest.hex,), entry, preferred, lazy=True)
+        for v in entry.variants:
+            if v.from_list and v.runner:
+                parts = short_path(name)
+                self._place(root, (*parts[:-1], f"{parts[-1]}@{v.runner}"), entry, v)
+                self._place(
+                    by_name,
+                    (*canonical[:-1], f"{canonical[-1]}@{v.runner}"),
+                    entry,
+                    v,
+                    lazy=True,
+                )
+            self._place(by_digest, (v.manifest.digest.hex,), entry, v, lazy=True)
+
+    def _place(
+        self, parent: DirNode, rel: tuple[str, ...], entry: Entry, v: Variant, lazy: bool = False
+    ) -> None:
+        try:
+            holder = self._mkdirs(parent, rel[:-1], entry.mtime_ns)
+        except _Clash as clash:
+            log.info("%s: %r is a file in another model; see .by-name/", entry.name, clash.args[0])
+            return
+        if rel[-1] in holder._children:
+            # First come wins (newest first); every model stays reachable under .by-name/.
+            return
+        manifest = v.manifest
+        plan = self._plan(manifest)
+        xattrs = {
+            "user.modelfs.name": entry.name.full.encode(),
+            "user.modelfs.manifest_digest": str(manifest.digest).encode(),
+        }
+        d = self._dir((*holder.path, rel[-1]), entry.mtime_ns, xattrs)
+        d.is_model = True
+        tensors = _tensor_key(plan.files)
+        heavy = self._merge_is_heavy(tensors)
+        if lazy or heavy:
+            d._fill = functools.partial(self._fill_lazy, entry, v)
+            d._subdirs = plan.subdirs + (1 if self._shows_compat(plan, v) else 0)
+            if heavy:
+                d._prepare = functools.partial(self._prepare_merged, plan.files)
+        else:
+            self._fill_model(entry, v, d)
+        holder._children[rel[-1]] = d
+        # Link counts are settled here, filled or not, so no listing ever sees one move.
+        if self.data != "symlink":
+            for _, blob in plan.shown:
+                blob.links += 1
+        if plan.config is not None:
+            plan.config.links += 1
+        if tensors:
+            self.merged_links[tensors] = self.merged_links.get(tensors, 0) + 1
+        for key in self._compat_shape(plan, v)[0]:
+            self.compat_links[key] = self.compat_links.get(key, 0) + 1
+
+    def _fill_lazy(self, entry: Entry, v: Variant, d: DirNode) -> None:
+        try:
+            self._fill_model(entry, v, d)
+        except Exception:
+            # Served as far as it got; the mount goes on.
+            log.exception("%s: %s not filled", entry.name, "/".join(d.path))
+
+    def _fill_model(self, entry: Entry, v: Variant, d: DirNode) -> None:
+        path = d.path
+        manifest = v.manifest
+        mtime = entry.mtime_ns
+        plan = self._plan(manifest)
+        files = plan.files
+        for f, blob in plan.shown:
+            node = self._file_node(blob)
+            parts = f.path.split("/")
+            try:
+                holder = self._mkdirs(d, parts[:-1], mtime) if len(parts) > 1 else d
+            except _Clash:
+                continue
+            holder._children[parts[-1]] = node
+        status = list(plan.missing)
+        if "model.gguf" in d._children:
+            status += self._add_compat(d, plan, v, mtime)
+        safetensors = any(f.layer.kind == "tensor" for f in files)
+        if safetensors:
+            merged = self._merged_view(files)
+            if isinstance(merged, MergedSafetensors):
+                d._children["model.safetensors"] = self._merged_node(
+                    _tensor_key(files), merged, mtime
+                )
+            elif merged:
+                status.append(f"model.safetensors not shown: {merged}")
+        d._children["Modelfile"] = self._bytes(
+            (*path, "Modelfile"),
+            self._modelfile(entry.name.shortest, manifest.digest, files, safetensors),
+            mtime,
+        )
+        meta = self._mkdirs(d, (".ollama",), mtime)
+        meta._children["manifest.json"] = self._bytes(
+            (*path, ".ollama", "manifest.json"), manifest.raw, mtime
+        )
+        if plan.config is not None:
+            meta._children["config.json"] = plan.config
+        meta._children["digest"] = self._bytes(
+            (*path, ".ollama", "digest"), f"{manifest.digest}\n".encode(), mtime
+        )
+        text = "\n".join(status) if status else "ok"
+        meta._children["status"] = self._bytes(
+            (*path, ".ollama", "status"), (text + "\n").encode(), mtime
+        )
+
+    def _modelfile(
+        self, display: str, digest: Digest, files: list[ModelFile], safetensors: bool
+    ) -> bytes:
+        key = (digest, display)
+        text = self.modelfiles.get(key)
+        if text is None:
+            text = render_modelfile(display, files, self._read_text, safetensors=safetensors)
+            self.modelfiles[key] = text
+        return text
+
+    def _read_text(self, f: ModelFile) -> str | None:
+        digest = f.layer.digest
+        if digest not in self.texts:
+            self.texts[digest] = self._read_text_uncached(f)
+        return self.texts[digest]
+
+    def _read_text_uncached(self, f: ModelFile) -> str | None:
+        info = self.index.blob_info(f.layer.digest)
+        # Trust the blob's real size, not the manifest's claim, before reading it whole.
+        if info is None or info.size != f.layer.size or info.size > MAX_TEXT_BYTES:
+            return None
+        try:
+            with open_binary(self.index.layout.blob(f.layer.digest)) as fh:
+                data = fh.read(MAX_TEXT_BYTES + 1)
+        except OSError:
+            return None
+        return clean_text(data[:MAX_TEXT_BYTES].decode("utf-8", "replace"))
+
+    def _merge_is_heavy(self, key: tuple[Digest, ...]) -> bool:
+        """Whether the merged view of these tensor blobs is still to be made and would read
+        more than EAGER_HEADER_BYTES of headers (from each blob's 8-byte length prefix)."""
+        if not key or key in self.merged:
+            return False
+        heavy = self.heavy.get(key)
+        if heavy is None:
+            total = 0
+            for digest in key:
+                info = self.index.blob_info(digest)
+                if info is None:
+                    continue  # made at once: "a tensor blob is missing"
+                try:
+                    total += read_header_length(self.index.layout.blob(digest))
+                except OSError:
+                    continue  # its error is the merge's to report
+                if total > EAGER_HEADER_BYTES:
+                    break
+            heavy = self.heavy[key] = total > EAGER_HEADER_BYTES
+        return heavy
+
+    def _prepare_merged(self, files: list[ModelFile]) -> None:
+        key = _tensor_key(files)
+        with self.builder.merge_locks.setdefault(key, threading.Lock()):
+            self._merged_view(files)
+
+    def _merged_view(self, files: list[ModelFile]) -> MergedSafetensors | str:
+        tensors = [f for f in files if f.layer.kind == "tensor"]
+        key = _tensor_key(files)
+        if key in self.merged:
+            return self.merged[key]
+        result: MergedSafetensors | str
+        if any(self.index.blob_info(d) is None for d in key):
+            result = "a tensor blob is missing"
+        else:
+            try:
+                parts = []
+                for f in tensors:
+                    path = self.index.layout.blob(f.layer.digest)
+                    parts.append((path, read_safetensors_header_path(path)))
+                result = merge_safetensors(parts)
+            except (OSError, StoreError) as exc:
+                result = str(exc)
+        self.merged[key] = result
+        return result
+
+    def compat_views(self, digest: Digest) -> CompatViews | str | None:
+        """The llama.cpp views of a GGUF blob, an error text, or None (none needed)."""
+        return self._view_of(self.compat, digest, may_need_view, compat_views)
+
+    def mmproj_view(self, digest: Digest) -> GGUFView | str | None:
+        """The llama.cpp view of a separate projector blob, an error text, or None."""
+        return self._view_of(self.mmproj, digest, may_need_mmproj_view, mmproj_view)
+
+    def _view_of(
+        self,
+        cache: dict[Digest, _V | str | None],
+        digest: Digest,
+        may_need: Callable[[Path], bool],
+        make: Callable[[Path, str], _V | None],
+    ) -> _V | str | None:
+        """`make`'s view of a blob, once per mount; the error text when it cannot be made."""
+        if digest in cache:
+            return cache[digest]
+        path = self.index.layout.blob(digest)
+        result: _V | str | None = None
+        if may_need(path):
+            try:
+                result = make(path, digest.hex)
+            except (OSError, StoreError, ValueError) as exc:
+                log.warning("%s: no llama.cpp view: %s", digest, exc)
+                result = str(exc)
+        cache[digest] = result
+        return result
+
+    def _compat_files(
+        self, plan: _Plan, v: Variant
+    ) -> tuple[list[tuple[Digest, GGUFView]], list[str]]:
+        """The files of `llama.cpp/` (source blob, view) and why any is not shown: the views of
+        model.gguf, and the projector's own view where the model has no clip view of its
+        own. Nothing for a child made for llama.cpp."""
+        if v.runner in COMPATIBLE_RUNNERS:
+            return [], []
+        shown = {f.path: f for f, _ in plan.shown}
+        model, projector = shown.get("model.gguf"), shown.get("mmproj.gguf")
+        if model is None:
+            return [], []
+        files: list[tuple[Digest, GGUFView]] = []
+        problems: list[str] = []
+        views = self.compat_views(model.layer.digest)
+        if isinstance(views, CompatViews):
+            files.append((model.layer.digest, views.model))
+            if views.mmproj is not None:
+                files.append((model.layer.digest, views.mmproj))
+        elif views:
+            problems.append(f"llama.cpp/ not shown: {views}")
+        if projector is not None and not any(view.kind == "mmproj" for _, view in files):
+            view = self.mmproj_view(projector.layer.digest)
+            if isinstance(view, GGUFView):
+                files.append((projector.layer.digest, view))
+            elif view:
+                problems.append(f"llama.cpp/mmproj.gguf not shown: {view}")
+        return files, problems
+
+    def _decision(self, kind: str, digest: Digest) -> str:
+        """Whether a blob gets a view (see store.compat.decisions), without reading it when
+        this mount or an earlier one decided already."""
+        made = self.compat if kind == "model" else self.mmproj
+        decisions = self.builder.decisions
+        assert decisions is not None
+        if digest not in made and (known := decisions.get(kind, digest)) is not None:
+            return known
+        result = self.compat_views(digest) if kind == "model" else self.mmproj_view(digest)
+        if result is None:
+            value = "none"
+        elif isinstance(result, str):
+            value = f"error: {result}"
+        elif isinstance(result, CompatViews):
+            value = "model+mmproj" if result.mmproj is not None else "model"
+        else:
+            value = "view"
+        decisions.put(kind, digest, value)
+        return value
+
+    def make_views(self) -> int:
+        decisions = self.builder.decisions
+        made = 0
+        for kind, digest in decisions.views() if decisions is not None else ():
+            cache = self.compat if kind == "model" else self.mmproj
+            if digest not in cache:
+                (self.compat_views if kind == "model" else self.mmproj_view)(digest)
+                made += 1
+        return made
+
+    def _compat_shape(
+        self, plan: _Plan, v: Variant
+    ) -> tuple[list[tuple[Digest, str]], list[str]]:
+        """The files `llama.cpp/` will hold (source blob, kind), and why any view is not
+        shown: `_compat_files` told from the decisions, so that nothing is read for a model
+        decided before."""
+        if v.runner in COMPATIBLE_RUNNERS:
+            return [], []
+        shown = {f.path: f for f, _ in plan.shown}
+        model, projector = shown.get("model.gguf"), shown.get("mmproj.gguf")
+        if model is None:
+            return [], []
+        files: list[tuple[Digest, str]] = []
+        problems: list[str] = []
+        decided = self._decision("model", model.layer.digest)
+        if decided.startswith("error: "):
+            problems.append(f"llama.cpp/ not shown: {decided.removeprefix('error: ')}")
+        if decided.startswith("model"):
+            files.append((model.layer.digest, "model"))
+        if decided == "model+mmproj":
+            files.append((model.layer.digest, "mmproj"))
+        elif projector is not None:
+            decided = self._decision("mmproj", projector.layer.digest)
+            if decided.startswith("error: "):
+                why = decided.removeprefix("error: ")
+                problems.append(f"llama.cpp/mmproj.gguf not shown: {why}")
+            if decided == "view":
+                files.append((projector.layer.digest, "mmproj"))
+        return files, problems
+
+    def _shows_compat(self, plan: _Plan, v: Variant) -> bool:
+        """Will the model directory hold `llama.cpp/`? (Its link count says so before it is
+        filled.)"""
+        return bool(self._compat_shape(plan, v)[0])
+
+    def _add_compat(self, d: DirNode, plan: _Plan, v: Variant, mtime_ns: int) -> list[str]:
+        """`llama.cpp/` in the model directory `d`, if it has one, filled on first use (the
+        views are made then); its status lines."""
+        shows, problems = self._compat_shape(plan, v)
+        if shows:  # the files it will hold
+            holder = self._mkdirs(d, ("llama.cpp",), mtime_ns)
+            holder._fill = functools.partial(self._fill_compat, plan, v, mtime_ns)
+        return problems
+
+    def _fill_compat(self, plan: _Plan, v: Variant, mtime_ns: int, holder: DirNode) -> None:
+        try:
+            # The views of a blob decided at an earlier mount are made here, on first use.
+            files, _ = self._compat_files(plan, v)
+        except Exception:
+            log.exception("%s: llama.cpp/ not filled", "/".join(holder.path))
+            return
+        if self.builder.compute_cache is None:
+            self.builder.compute_cache = ComputeCache(self.index.layout.compat)
+        for digest, view in files:
+            key = (digest, view.kind)
+            node = self.compat_nodes.get(key)
+            if node is None:
+                node = CompatNode(
+                    self.inodes.get(("compat", digest, view.kind)),
+                    mtime_ns,
+                    {
+                        "user.modelfs.compat.source": str(digest).encode(),
+                        "user.modelfs.compat.handler": view.handler.encode(),
+                    },
+                    links=self.compat_links.get(key, 1),
+                    digest=digest,
+                    path=view.source,
+                    view=view,
+                    cache=self.builder.compute_cache,
+                )
+                self.compat_nodes[key] = node
+                self.register(node)
+            holder._children[f"{view.kind}.gguf"] = node
+
+    def _merged_node(
+        self, tensors: tuple[Digest, ...], merged: MergedSafetensors, mtime_ns: int
+    ) -> MergedNode:
+        node = self.merged_nodes.get(tensors)
+        if node is None:
+            key = ("merged", tuple(s.path.name for s in merged.segments), len(merged.header))
+            node = MergedNode(
+                self.inodes.get(key),
+                mtime_ns,
+                merged=merged,
+                links=self.merged_links.get(tensors, 1),  # final once the build has run
+            )
+            self.merged_nodes[tensors] = node
+            self.register(node)
+        return node
+
+
+def _tensor_key(files: list[ModelFile]) -> tuple[Digest, ...]:
+    """The tensor blobs of a model, in order: what its `model.safetensors` is made of."""
+    return tuple(f.layer.digest for f in files if f.layer.kind == "tensor")
+
+
+class _Clash(Exception):
+    """A path part that is a file where a directory is needed."""
+
+
+def short_path(name: Name) -> tuple[str, ...]:
+    """Ollama's shortest name with ':' as '/': `gemma4/26b`, `user/m/t`, `host/ns/m/t`."""
+    if not name.is_default_host:
+        return (name.host, name.namespace, name.model, name.tag)
+    if name.namespace.lower() != "library":
+        return (name.namespace, name.model, name.tag)
+    return (name.model, name.tag)

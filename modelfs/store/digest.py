@@ -1,0 +1,77 @@
+"""Content digests: parsing both spellings Ollama accepts, blob file names, hashing."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+from io import BufferedIOBase
+
+from modelfs.store.errors import InvalidDigestError
+from modelfs.store.fileio import open_binary
+
+# Ollama accepts either separator and either hex case (manifest/paths.go); we compare and
+# name files in lowercase, which is what every Ollama writer produces.
+_DIGEST = re.compile(r"sha256[:-]([0-9a-fA-F]{64})")
+_BLOB_NAME = re.compile(r"sha256-[0-9a-f]{64}")
+_HEX = re.compile(r"[0-9a-f]{64}")
+
+CHUNK = 1 << 20
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class Digest:
+    """A sha256 digest; `hex` is always lowercase."""
+
+    hex: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.hex, str) or _HEX.fullmatch(self.hex) is None:
+            raise InvalidDigestError(f"invalid sha256 hex: {self.hex!r}")
+
+    @classmethod
+    def parse(cls, text: str) -> Digest:
+        """Parse `sha256:<hex>` or `sha256-<hex>`; raise InvalidDigestError otherwise."""
+        if not isinstance(text, str):
+            raise InvalidDigestError(f"invalid digest: {text!r}")
+        m = _DIGEST.fullmatch(text)
+        if m is None:
+            raise InvalidDigestError(f"invalid digest: {text[:80]!r}")
+        return cls(m.group(1).lower())
+
+    @classmethod
+    def of_bytes(cls, data: bytes) -> Digest:
+        return cls(hashlib.sha256(data).hexdigest())
+
+    @classmethod
+    def of_file(cls, path: str | os.PathLike[str]) -> Digest:
+        with open_binary(path) as f:
+            return cls(sha256_stream(f))
+
+    @property
+    def blob_name(self) -> str:
+        """The file name under `blobs/`: `sha256-<hex>`."""
+        return f"sha256-{self.hex}"
+
+    @property
+    def short(self) -> str:
+        """The 12-digit ID `ollama list` prints."""
+        return self.hex[:12]
+
+    def __str__(self) -> str:
+        return f"sha256:{self.hex}"
+
+
+def is_blob_name(name: str) -> bool:
+    """True for canonical blob file names (`sha256-` and 64 lowercase hex digits)."""
+    return _BLOB_NAME.fullmatch(name) is not None
+
+
+def sha256_stream(f: BufferedIOBase) -> str:
+    h = hashlib.sha256()
+    buf = bytearray(CHUNK)
+    view = memoryview(buf)
+    while n := f.readinto(view):
+        h.update(view[:n])
+    return h.hexdigest()

@@ -1,0 +1,298 @@
+"""Manifests, manifest lists and model configs.
+
+Manifest bytes are opaque: we parse them to learn what they reference, but keep `raw` and
+never re-serialize, because the model ID is the sha256 of exactly those bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from modelfs.store.digest import Digest
+from modelfs.store.errors import InvalidDigestError, ManifestError
+
+MEDIA_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+MEDIA_OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+MEDIA_LIST = "application/vnd.ollama.manifest.list.v2+json"
+MEDIA_CONFIG = "application/vnd.docker.container.image.v1+json"
+LAYER_PREFIX = "application/vnd.ollama.image."
+
+# Real manifests are a few KiB (a safetensors model with a thousand tensor layers is ~300 KiB);
+# anything far larger is hostile or not a manifest, and we will not hold it in memory.
+MAX_MANIFEST_BYTES = 16 << 20
+MAX_CONFIG_BYTES = 4 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Layer:
+    media_type: str
+    digest: Digest
+    size: int
+    name: str | None = None
+    from_: str | None = None
+
+    @property
+    def kind(self) -> str:
+        """`model`, `license`, `tensor`, … for Ollama's types; the whole media type otherwise."""
+        if self.media_type.startswith(LAYER_PREFIX):
+            return self.media_type[len(LAYER_PREFIX) :]
+        return self.media_type
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """One runnable manifest: a config and its layers."""
+
+    raw: bytes
+    digest: Digest
+    media_type: str
+    config: Layer | None
+    layers: tuple[Layer, ...]
+    runner: str | None = None
+    format: str | None = None
+
+    @property
+    def size(self) -> int:
+        """Layers plus config, as Ollama's Manifest.Size (no de-duplication)."""
+        return sum(layer.size for layer in self.layers) + (self.config.size if self.config else 0)
+
+    def blob_digests(self) -> list[Digest]:
+        """Config first, then layers, each once."""
+        seen: dict[Digest, None] = {}
+        if self.config is not None:
+            seen[self.config.digest] = None
+        for layer in self.layers:
+            seen.setdefault(layer.digest)
+        return list(seen)
+
+
+@dataclass(frozen=True, slots=True)
+class ListChild:
+    """An entry of a manifest list: a reference to a manifest blob, or an inline manifest."""
+
+    digest: Digest
+    runner: str | None
+    format: str | None
+    inline: Manifest | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ManifestList:
+    raw: bytes
+    digest: Digest
+    children: tuple[ListChild, ...]
+    media_type: str = MEDIA_LIST
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """The fields of Ollama's ConfigV2 that we show; unknown fields are kept in `extra`."""
+
+    model_format: str = ""
+    model_family: str = ""
+    model_families: tuple[str, ...] = ()
+    model_type: str = ""
+    file_type: str = ""
+    architecture: str = ""
+    capabilities: tuple[str, ...] = ()
+    context_length: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+def _load_json(raw: bytes, source: str, limit: int) -> Any:
+    if not raw:
+        raise ManifestError(f"{source}: empty file")
+    if len(raw) > limit:
+        raise ManifestError(f"{source}: {len(raw)} bytes, more than a manifest can be")
+    try:
+        # Decode ourselves: json.loads(bytes) would guess UTF-16/32 from the first bytes.
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ManifestError(f"{source}: not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise ManifestError(f"{source}: not valid JSON ({exc.msg} at byte {exc.pos})") from None
+    except ValueError as exc:  # e.g. an integer of thousands of digits
+        raise ManifestError(f"{source}: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise ManifestError(f"{source}: JSON nested too deeply") from None
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(text: str) -> str:
+    """Lone surrogates (from `\\ud800` escapes) as U+FFFD, as Go's JSON decoder leaves them;
+    they cannot be encoded, so they must not reach a file name or a file."""
+    if text.isascii():  # nearly every string of every manifest: skip the regex
+        return text
+    return _SURROGATE.sub("\ufffd", text)
+
+
+def _str(obj: dict[str, Any], key: str, source: str, *, required: bool = False) -> str | None:
+    value = obj.get(key)
+    if value is None:
+        if required:
+            raise ManifestError(f"{source}: missing {key!r}")
+        return None
+    if not isinstance(value, str):
+        raise ManifestError(f"{source}: {key!r} is not a string")
+    return clean_text(value)
+
+
+def _layer(obj: Any, source: str) -> Layer:
+    if not isinstance(obj, dict):
+        raise ManifestError(f"{source}: a layer is not an object")
+    media_type = _str(obj, "mediaType", source, required=True)
+    digest_text = _str(obj, "digest", source, required=True)
+    size = obj.get("size")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise ManifestError(f"{source}: layer {digest_text} has a bad size {size!r}")
+    try:
+        digest = Digest.parse(digest_text or "")
+    except InvalidDigestError:
+        raise ManifestError(f"{source}: bad layer digest {digest_text!r}") from None
+    assert media_type is not None
+    return Layer(media_type, digest, size, _str(obj, "name", source), _str(obj, "from", source))
+
+
+def _manifest(obj: dict[str, Any], raw: bytes, digest: Digest, source: str) -> Manifest:
+    media_type = _str(obj, "mediaType", source) or MEDIA_MANIFEST
+    layers_obj = obj.get("layers")
+    if not isinstance(layers_obj, list):
+        raise ManifestError(f"{source}: 'layers' is missing or not a list")
+    config_obj = obj.get("config")
+    config = _layer(config_obj, source) if config_obj else None
+    layers = tuple(_layer(layer, source) for layer in layers_obj)
+    return Manifest(
+        raw=raw,
+        digest=digest,
+        media_type=media_type,
+        config=config,
+        layers=layers,
+        runner=_str(obj, "runner", source) or None,
+        format=_str(obj, "format", source) or None,
+    )
+
+
+def go_marshal(obj: Any) -> bytes:
+    """Bytes as Go's json.Marshal writes them: compact, with <, > and & escaped."""
+    text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    for char, escaped in (
+        ("<", "\\u003c"),
+        (">", "\\u003e"),
+        ("&", "\\u0026"),
+        ("\u2028", "\\u2028"),
+        ("\u2029", "\\u2029"),
+    ):
+        text = text.replace(char, escaped)
+    return text.encode()
+
+
+def _inline_child_bytes(obj: dict[str, Any]) -> bytes:
+    # Ollama names an inline child by the hash of its re-marshalled struct, whose field order
+    # is fixed by the Go type, not by the order in the list's bytes.
+    layer_keys = ("mediaType", "digest", "size", "from", "name")
+
+    def layer(layer_obj: dict[str, Any]) -> dict[str, Any]:
+        out = {k: layer_obj.get(k, "" if k != "size" else 0) for k in layer_keys[:3]}
+        out.update({k: layer_obj[k] for k in layer_keys[3:] if layer_obj.get(k)})
+        return out
+
+    ordered: dict[str, Any] = {
+        "schemaVersion": obj.get("schemaVersion", 0),
+        "mediaType": obj.get("mediaType", ""),
+        "config": layer(obj.get("config") or {}),
+        "layers": [layer(x) for x in obj.get("layers") or []],
+    }
+    for key in ("runner", "format"):
+        if obj.get(key):
+            ordered[key] = obj[key]
+    return go_marshal(ordered)
+
+
+def _list(obj: dict[str, Any], raw: bytes, digest: Digest, source: str) -> ManifestList:
+    children_obj = obj.get("manifests")
+    if not isinstance(children_obj, list):
+        raise ManifestError(f"{source}: manifest list has no 'manifests' array")
+    children: list[ListChild] = []
+    for child in children_obj:
+        if not isinstance(child, dict):
+            raise ManifestError(f"{source}: a manifest list entry is not an object")
+        child_type = _str(child, "mediaType", source)
+        if child_type == MEDIA_LIST:
+            raise ManifestError(f"{source}: nested manifest lists are not supported")
+        runner = _str(child, "runner", source) or None
+        fmt = _str(child, "format", source) or None
+        if child.get("layers") is None and child.get("config") is None:
+            text = _str(child, "digest", source, required=True) or ""
+            try:
+                children.append(ListChild(Digest.parse(text), runner, fmt))
+            except InvalidDigestError:
+                raise ManifestError(f"{source}: bad child digest {text!r}") from None
+        else:
+            layers = child.get("layers")
+            config = child.get("config")
+            if not isinstance(layers, list) or not all(isinstance(x, dict) for x in layers):
+                raise ManifestError(f"{source}: inline child has malformed 'layers'")
+            if config is not None and not isinstance(config, dict):
+                raise ManifestError(f"{source}: inline child has a malformed 'config'")
+            child_raw = _inline_child_bytes(child)
+            child_digest = Digest.of_bytes(child_raw)
+            inline = _manifest(child, child_raw, child_digest, f"{source} (inline child)")
+            children.append(ListChild(child_digest, runner, fmt, inline))
+    return ManifestList(raw, digest, tuple(children))
+
+
+def parse_manifest(raw: bytes, source: str) -> Manifest | ManifestList:
+    """Parse manifest or manifest-list bytes; `source` names the file in every error."""
+    obj = _load_json(raw, source, MAX_MANIFEST_BYTES)
+    if not isinstance(obj, dict):
+        raise ManifestError(f"{source}: not a JSON object")
+    digest = Digest.of_bytes(raw)
+    if obj.get("mediaType") == MEDIA_LIST:
+        return _list(obj, raw, digest, source)
+    return _manifest(obj, raw, digest, source)
+
+
+def parse_config(raw: bytes, source: str) -> ModelConfig:
+    obj = _load_json(raw, source, MAX_CONFIG_BYTES)
+    if not isinstance(obj, dict):
+        raise ManifestError(f"{source}: config is not a JSON object")
+
+    def text(key: str) -> str:
+        value = obj.get(key)
+        return clean_text(value) if isinstance(value, str) else ""
+
+    def texts(key: str) -> tuple[str, ...]:
+        value = obj.get(key)
+        if not isinstance(value, list):
+            return ()
+        return tuple(clean_text(x) for x in value if isinstance(x, str))
+
+    ctx = obj.get("context_length")
+    return ModelConfig(
+        model_format=text("model_format"),
+        model_family=text("model_family"),
+        model_families=texts("model_families"),
+        model_type=text("model_type"),
+        file_type=text("file_type"),
+        architecture=text("architecture"),
+        capabilities=texts("capabilities"),
+        context_length=ctx if isinstance(ctx, int) and not isinstance(ctx, bool) else None,
+        extra=obj,
+    )
+
+
+def infer_runner(manifest: Manifest, config: ModelConfig | None) -> str | None:
+    """The runner a manifest targets: its own field, else from the weights' format."""
+    if manifest.runner:
+        return manifest.runner
+    fmt = manifest.format or (config.model_format if config else "")
+    if fmt == "safetensors" or any(layer.kind == "tensor" for layer in manifest.layers):
+        return "mlx"
+    if fmt == "gguf" or any(layer.kind == "model" for layer in manifest.layers):
+        return "ggml"
+    return None

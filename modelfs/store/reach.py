@@ -1,0 +1,191 @@
+"""Which blobs the manifests of a store keep alive, for GC and `verify`.
+
+Unlike the scan, which shows one entry per name, this reads every manifest file there is:
+legacy files that a v2 tag hides (Ollama's downgrade anchor), duplicates, shadow tags. A blob
+named by any of them, in any form, is reachable:
+
+- the config and layers of a manifest;
+- the manifest's own bytes as a blob (v2 tags are links to them; a pull stores them too);
+- every child of a manifest list, present or not, and the blobs of each present child.
+
+A manifest blob that GC moved to `.modelfs/trash/` while something still names it (a v2 link,
+a list, a lease) is read from there when the caller passes the trash's contents: what it names
+is reachable, and GC puts it back, rather than refusing over a link it left dangling itself.
+
+A file where a manifest should be (depth 4 of a manifests tree) that cannot be read as one
+makes the answer unsafe: it may be a manifest half-written by another host, naming blobs
+nothing else names. Such files are listed in `unreadable`, and GC refuses to delete anything
+while there are any, as Ollama's own prune does ("corrupt manifests detected").
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from modelfs.store.digest import Digest, is_blob_name
+from modelfs.store.errors import InvalidNameError, ManifestError, StoreError
+from modelfs.store.layout import Layout
+from modelfs.store.manifest import MAX_MANIFEST_BYTES, Manifest, ManifestList, parse_manifest
+from modelfs.store.names import name_from_path_parts
+from modelfs.store.scan import Problem, read_limited, removed_tag, walk_manifest_tree
+
+
+@dataclass
+class Reach:
+    """The reachable digests of a store, and what made the answer incomplete."""
+
+    digests: set[Digest] = field(default_factory=set)
+    manifests: int = 0  # manifest files read
+    unreadable: list[Problem] = field(default_factory=list)  # GC must not delete while any
+    strays: list[Problem] = field(default_factory=list)  # harmless: above manifest depth
+    removed: list[Problem] = field(default_factory=list)  # v2 links `ollama rm` left: no roots
+
+    @property
+    def complete(self) -> bool:
+        return not self.unreadable
+
+
+class _Reader:
+    def __init__(self, layout: Layout, trash: Mapping[Digest, Path]) -> None:
+        self.layout = layout
+        self.trash = trash
+        self.reach = Reach()
+        self._children: dict[Digest, Manifest | StoreError | None] = {}
+
+    def tree(self, root: Path, *, v2: bool) -> None:
+        top = root.name
+        for parts, de, problem in walk_manifest_tree(root):
+            rel = "/".join((top, *parts))
+            if problem:
+                kind = "stray" if len(parts) < 4 and de is not None else "bad-manifest"
+                target = self.reach.strays if kind == "stray" else self.reach.unreadable
+                target.append(Problem(kind, rel, problem))
+                continue
+            assert de is not None
+            try:
+                name_from_path_parts(parts, v2=v2)
+            except InvalidNameError:
+                self._invalid_name(Path(de.path), rel)
+                continue
+            try:
+                self.manifest_file(Path(de.path), rel)
+            except (StoreError, OSError) as exc:
+                removed = removed_tag(self.layout, de.path) if v2 else None
+                if removed is not None:
+                    self.reach.removed.append(Problem("removed-tag", rel, removed))
+                elif isinstance(exc, OSError):
+                    self._unreadable(rel, exc.strerror or str(exc))
+                else:
+                    self._unreadable(rel, str(exc).removeprefix(f"{rel}: "))
+
+    def _invalid_name(self, path: Path, rel: str) -> None:
+        """A file where a tag would be whose name no tag can have (`.DS_Store`, `._latest`
+        from a Mac, `latest~` from an editor). No tool names a model so, yet one might be a
+        manifest copied under an odd name: one whose bytes are a manifest keeps its blobs,
+        and either way it is a stray, reported and kept, and GC goes on."""
+        try:
+            raw = read_limited(path, MAX_MANIFEST_BYTES)
+            self.manifest_bytes(raw, rel)
+        except (StoreError, OSError):
+            message = "not a valid model name, and no manifest"
+        else:
+            message = "not a valid model name, but a manifest: its blobs are kept"
+        self.reach.strays.append(Problem("stray", rel, message))
+
+    def manifest_file(self, path: Path, rel: str) -> None:
+        trashed = None
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            return  # removed since it was listed (another host's `ollama rm`): names nothing
+        if stat.S_ISLNK(mode):
+            # The link's target is kept whatever it holds: it is what the tag names.
+            target = os.path.basename(os.readlink(path))
+            if is_blob_name(target):
+                digest = Digest(target.removeprefix("sha256-"))
+                self.reach.digests.add(digest)
+                trashed = self.trash.get(digest)
+        try:
+            raw = read_limited(path, MAX_MANIFEST_BYTES)
+        except FileNotFoundError:
+            if trashed is None:
+                raise
+            raw = read_limited(trashed, MAX_MANIFEST_BYTES)  # dangling into the trash
+        self.manifest_bytes(raw, rel)
+
+    def manifest_bytes(self, raw: bytes, rel: str) -> None:
+        parsed = parse_manifest(raw, rel)
+        self.reach.manifests += 1
+        self.reach.digests.add(parsed.digest)
+        if isinstance(parsed, ManifestList):
+            for child in parsed.children:
+                self.reach.digests.add(child.digest)
+                manifest = child.inline if child.inline is not None else self._child(child.digest)
+                if isinstance(manifest, StoreError):
+                    raise ManifestError(f"{rel}: child {child.digest}: {manifest}")
+                if manifest is not None:
+                    self.reach.digests.update(manifest.blob_digests())
+        else:
+            self.reach.digests.update(parsed.blob_digests())
+
+    def _child(self, digest: Digest) -> Manifest | StoreError | None:
+        """A list child's manifest blob: None when absent (a pull takes only some children)."""
+        if digest not in self._children:
+            self._children[digest] = self._read_child(digest)
+        return self._children[digest]
+
+    def _read_child(self, digest: Digest) -> Manifest | StoreError | None:
+        rel = f"blobs/{digest.blob_name}"
+        try:
+            raw = self.manifest_blob(digest)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            return ManifestError(f"{rel}: {exc.strerror}")
+        try:
+            parsed = parse_manifest(raw, rel)
+        except StoreError as exc:
+            return exc
+        if isinstance(parsed, ManifestList):
+            return ManifestError(f"{rel}: a list inside a list")
+        return parsed
+
+    def manifest_blob(self, digest: Digest) -> bytes:
+        """A manifest blob's bytes, from `blobs/` or else from the trash."""
+        try:
+            return read_limited(self.layout.blob(digest), MAX_MANIFEST_BYTES)
+        except FileNotFoundError:
+            if digest not in self.trash:
+                raise
+            return read_limited(self.trash[digest], MAX_MANIFEST_BYTES)
+
+    def _unreadable(self, rel: str, message: str) -> None:
+        self.reach.unreadable.append(Problem("bad-manifest", rel, message))
+
+
+def reachable(
+    layout: Layout, manifests: Iterable[Digest] = (), trash: Mapping[Digest, Path] | None = None
+) -> Reach:
+    """Every digest some manifest of the store keeps alive; `manifests` are extra roots (from
+    leases and tag history): manifest blobs whose blobs count as reachable while they exist.
+    `trash`: the blobs in GC's trash, where a manifest blob missing from `blobs/` is read."""
+    reader = _Reader(layout, trash or {})
+    reader.tree(layout.manifests_v2, v2=True)
+    reader.tree(layout.manifests, v2=False)
+    for digest in manifests:
+        reader.reach.digests.add(digest)
+        rel = f"blobs/{digest.blob_name}"
+        try:
+            raw = reader.manifest_blob(digest)
+            reader.manifest_bytes(raw, rel)
+        except FileNotFoundError:
+            continue  # gone already: it keeps nothing
+        except StoreError as exc:
+            reader._unreadable(rel, str(exc).removeprefix(f"{rel}: "))
+        except OSError as exc:
+            reader._unreadable(rel, exc.strerror or str(exc))
+    return reader.reach

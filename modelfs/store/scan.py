@@ -1,0 +1,631 @@
+"""A read-only snapshot of a store: every tag, what it points to, and what is wrong.
+
+Problems (stray files, broken manifests, missing or misnamed blobs) are data, never
+exceptions: one bad file must not hide the rest of the store, and must not be deleted.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import stat
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from modelfs.store.digest import Digest, is_blob_name
+from modelfs.store.errors import (
+    InvalidDigestError,
+    InvalidNameError,
+    ManifestError,
+    ModelNotFoundError,
+    StoreError,
+)
+from modelfs.store.fileio import open_binary, read_file, read_open
+from modelfs.store.layout import Layout
+from modelfs.store.manifest import (
+    MAX_CONFIG_BYTES,
+    MAX_MANIFEST_BYTES,
+    ListChild,
+    Manifest,
+    ManifestList,
+    ModelConfig,
+    infer_runner,
+    parse_config,
+    parse_manifest,
+)
+from modelfs.store.names import Name, name_from_path_parts, parse_name
+from modelfs.store.prefetch import HEAD, cached, prefetch
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PREFER: tuple[str, ...] = ("llamacpp", "ggml", "mlx")
+_RUNNER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,79}")
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """Something wrong in the store, found by a scan. `path` is relative to the root."""
+
+    kind: str  # stray | removed-tag | bad-manifest | missing-blob | bad-blob | foreign-blob
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """One runnable manifest of a tag: the tag itself, or one child of its manifest list."""
+
+    manifest: Manifest
+    runner: str | None
+    format: str | None
+    from_list: bool
+
+
+# The runner a list child's format implies when the list names none, as Ollama infers it.
+_FORMAT_RUNNER = {"safetensors": "mlx", "gguf": "ggml"}
+
+
+def child_runner(
+    child: ListChild, manifest: Manifest | None = None, config: ModelConfig | None = None
+) -> str | None:
+    """The runner of a list's child: the list's own field, else what its manifest (when at
+    hand) targets, else what the list's format implies."""
+    if child.runner:
+        return child.runner
+    manifest = child.inline or manifest
+    if manifest is not None:
+        inferred = infer_runner(manifest, config)
+        if inferred:
+            return inferred
+    return _FORMAT_RUNNER.get((child.format or "").lower())
+
+
+def runner_rank(runner: str | None, prefer: Iterable[str]) -> int:
+    """Where `runner` stands in `prefer` (case-insensitive); after all of them if absent."""
+    order = [p.lower() for p in prefer]
+    r = (runner or "").lower()
+    return order.index(r) if r in order else len(order)
+
+
+def rank_children(
+    lst: ManifestList,
+    prefer: Iterable[str] = DEFAULT_PREFER,
+    manifests: Mapping[Digest, Manifest] | None = None,
+) -> list[int]:
+    """Every child's index, best first by `prefer` (list order breaks ties). The one ranking
+    of variants: what a pull fetches (its first) and what the mount shows at the plain tag
+    (`choose_variant`, the first of those present) agree. `manifests` are the child manifests
+    at hand, by digest; a child the list gives no runner is ranked by its manifest's."""
+    prefer = tuple(prefer)
+    known = manifests or {}
+
+    def key(i: int) -> tuple[int, int]:
+        child = lst.children[i]
+        return (runner_rank(child_runner(child, known.get(child.digest)), prefer), i)
+
+    return sorted(range(len(lst.children)), key=key)
+
+
+def child_variant(child: ListChild, manifest: Manifest, config: ModelConfig | None) -> Variant:
+    """A list's child as a variant: runner and format from the list, else inferred."""
+    runner = child_runner(child, manifest, config)
+    fmt = child.format or manifest.format or (config.model_format if config else None)
+    return Variant(manifest, runner, fmt or None, True)
+
+
+def choose_variant(
+    variants: Iterable[Variant], prefer: Iterable[str] = DEFAULT_PREFER
+) -> Variant | None:
+    """The first variant by `prefer` (the ranking of `rank_children`), then any other; None
+    when there is none."""
+    prefer = tuple(prefer)
+    return min(variants, key=lambda v: runner_rank(v.runner, prefer), default=None)
+
+
+@dataclass(slots=True)
+class Entry:
+    """A tag in the store and what it resolves to."""
+
+    name: Name
+    source: str  # "v2" | "legacy"
+    path: Path
+    top: Manifest | ManifestList
+    mtime_ns: int
+    variants: tuple[Variant, ...]
+    absent_children: tuple[ListChild, ...] = ()
+
+    @property
+    def mtime(self) -> float:
+        return self.mtime_ns / 1e9
+
+    @property
+    def digest(self) -> Digest:
+        """The digest of the bytes the tag names (a list's own digest for a list)."""
+        return self.top.digest
+
+    def preferred(self, prefer: Iterable[str] = DEFAULT_PREFER) -> Variant | None:
+        """The variant to show at the plain tag: first by `prefer`, then any other present."""
+        return choose_variant(self.variants, prefer)
+
+    def wanted_child(self, prefer: Iterable[str] = DEFAULT_PREFER) -> ListChild | None:
+        """For a manifest list, the child a pull by `prefer` fetches; None for a plain tag."""
+        if not isinstance(self.top, ManifestList) or not self.top.children:
+            return None
+        known = {v.manifest.digest: v.manifest for v in self.variants}
+        return self.top.children[rank_children(self.top, prefer, known)[0]]
+
+    def variant(self, runner: str) -> Variant | None:
+        for v in self.variants:
+            if v.from_list and (v.runner or "").lower() == runner.lower():
+                return v
+        return None
+
+
+@dataclass(slots=True)
+class BlobInfo:
+    size: int
+    mtime: float
+
+
+@dataclass(slots=True)
+class ScanCache:
+    """What one scan parsed, for the next scan of the same store (a mount's rescans, a
+    server's rebuilds): a change to a store re-reads what changed, not 5,000 tag files.
+
+    A tag file is known by its path and (inode, size, mtime, ctime); an edit in place or a
+    rename over it changes them, the same stamp the change detection of `store.watch` uses.
+    A config is known by its digest, the hash of its bytes, and is used only while its blob
+    is listed. Each scan keeps only what it met, so the cache never outgrows the store.
+    """
+
+    manifests: dict[str, tuple[tuple[int, int, int, int], Manifest | ManifestList]] = field(
+        default_factory=dict
+    )
+    configs: dict[Digest, ModelConfig] = field(default_factory=dict)
+
+
+@dataclass
+class StoreIndex:
+    layout: Layout
+    entries: dict[tuple[str, str, str, str], Entry] = field(default_factory=dict)
+    # Legacy files that `entries` does not show: hidden by a v2 tag of the same name (the
+    # anchor), or spelled like another one but for case (Ollama lists `Foo` and `foo` both).
+    hidden: list[Entry] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    blob_names: set[str] = field(default_factory=set)
+    _configs: dict[Digest, ModelConfig | None] = field(default_factory=dict, repr=False)
+    _blob_info: dict[Digest, BlobInfo | None] = field(default_factory=dict, repr=False)
+    cache: ScanCache | None = field(default=None, repr=False)
+
+    # -- lookups -------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Entry]:
+        return iter(self.entries.values())
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def lookup(self, name: Name | str) -> Entry:
+        """Case-insensitive lookup, as Ollama's getExistingName; raise ModelNotFoundError."""
+        parsed = parse_name(name) if isinstance(name, str) else name
+        entry = self.entries.get(parsed.key)
+        if entry is None:
+            raise ModelNotFoundError(f"model {str(name)!r} not found")
+        return entry
+
+    def has_blob(self, digest: Digest) -> bool:
+        return digest.blob_name in self.blob_names
+
+    def blob_info(self, digest: Digest) -> BlobInfo | None:
+        """Size and mtime of a present blob, or None (absent, or not a regular file)."""
+        if digest in self._blob_info:
+            return self._blob_info[digest]
+        info: BlobInfo | None = None
+        name = digest.blob_name
+        if name in self.blob_names:
+            try:
+                # A string, not layout.blob(): this runs for every blob of every model.
+                st = os.stat(f"{self.layout.blobs}/{name}", follow_symlinks=False)
+                if stat.S_ISREG(st.st_mode):
+                    info = BlobInfo(st.st_size, st.st_mtime)
+            except OSError:
+                pass
+        self._blob_info[digest] = info
+        return info
+
+    def config(self, manifest: Manifest) -> ModelConfig | None:
+        """The parsed config blob of a manifest; None when absent or unreadable."""
+        if manifest.config is None:
+            return None
+        digest = manifest.config.digest
+        if digest not in self._configs:
+            known = self.cache.configs.get(digest) if self.cache is not None else None
+            if known is not None and self.has_blob(digest):
+                self._configs[digest] = known
+            else:
+                self._configs[digest] = self._read_config(digest)
+        return self._configs[digest]
+
+    def _read_config(self, digest: Digest) -> ModelConfig | None:
+        if not self.has_blob(digest):
+            return None
+        try:
+            raw = read_limited(f"{self.layout.blobs}/{digest.blob_name}", MAX_CONFIG_BYTES)
+            return parse_config(raw, f"blobs/{digest.blob_name}")
+        except (OSError, StoreError) as exc:
+            log.warning("config %s: %s", digest, exc)
+            return None
+
+    def missing_blobs(self, manifest: Manifest) -> list[Digest]:
+        """Blobs the manifest needs that are absent or shorter/longer than it says."""
+        missing = []
+        sizes = {layer.digest: layer.size for layer in manifest.layers}
+        if manifest.config is not None:
+            sizes[manifest.config.digest] = manifest.config.size
+        for digest, size in sizes.items():
+            info = self.blob_info(digest)
+            if info is None or info.size != size:
+                missing.append(digest)
+        return missing
+
+    def lacks_wanted(
+        self, entry: Entry, prefer: Iterable[str] = DEFAULT_PREFER
+    ) -> ListChild | None:
+        """The child of a list that a pull by `prefer` wants and this store does not hold
+        whole (its manifest, config and layers); None when it does, or for a plain tag."""
+        child = entry.wanted_child(prefer)
+        if child is None:
+            return None
+        for v in entry.variants:
+            if v.manifest.digest == child.digest and not self.missing_blobs(v.manifest):
+                return None
+        return child
+
+    def sorted_entries(self) -> list[Entry]:
+        """Newest first, as `ollama list`; ties by name for a stable order."""
+        return sorted(self.entries.values(), key=lambda e: (-e.mtime_ns, e.name.shortest))
+
+
+def read_limited(path: Path | str, limit: int) -> bytes:
+    """At most `limit` + 1 bytes of the regular file at `path` (store.fileio's rule)."""
+    return read_file(path, limit)
+
+
+_TreeItem = tuple[tuple[str, ...], os.DirEntry[str] | None, str]
+
+
+def walk_manifest_tree(root: Path) -> Iterator[_TreeItem]:
+    """Yield (parts, dir entry, problem) for everything at or above depth 4 that is not a dir
+    on the way down. Depth-4 entries that are files or symlinks are candidates; anything else
+    out of place is yielded with a problem text."""
+
+    def walk(path: str, parts: tuple[str, ...]) -> Iterator[_TreeItem]:
+        try:
+            it = os.scandir(path)
+        except NotADirectoryError:
+            return
+        except OSError as exc:
+            yield parts, None, f"cannot list: {exc.strerror}"
+            return
+        with it:
+            for de in sorted(it, key=lambda d: d.name):
+                sub = (*parts, de.name)
+                if len(sub) < 4:
+                    # Ollama's Glob follows links to directories; the depth bound stops loops.
+                    if de.is_dir(follow_symlinks=True):
+                        yield from walk(de.path, sub)
+                    else:
+                        yield sub, de, "stray file (not a manifest: wrong depth)"
+                elif de.is_dir(follow_symlinks=False):
+                    yield sub, de, "stray directory where a manifest should be"
+                else:
+                    yield sub, de, ""
+
+    if root.is_dir():
+        yield from walk(str(root), ())
+
+
+def removed_tag(layout: Layout, path: str | os.PathLike[str]) -> str | None:
+    """Why a `manifests-v2/` link stands for a removed tag, or None when it does not.
+
+    `ollama rm` (ollama/ollama fb30760 server/routes.go:1287-1297, manifest/manifest.go:61-110)
+    deletes the legacy file and every blob no legacy manifest names, the list blob a v2 link
+    points at included, and leaves the link: a link to a blob that is gone is a tag removed,
+    not a manifest half-written. One whose blob is in `.modelfs/trash/` is not: that blob was
+    taken by our GC and is put back when a tag wants it.
+    """
+    try:
+        link = os.readlink(path)
+    except OSError:
+        return None
+    blob = os.path.basename(link)
+    if not is_blob_name(blob) or os.path.lexists(os.path.join(layout.blobs, blob)):
+        return None
+    try:
+        with os.scandir(layout.trash) as stamps:
+            if any(os.path.lexists(os.path.join(s.path, blob)) for s in stamps):
+                return None
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return None  # the trash cannot be looked at: not known to be removed
+    return f"removed tag: its manifest blob {blob} is gone (as `ollama rm` leaves the link)"
+
+
+class Scanner:
+    """Builds a StoreIndex. Reads manifests only; blobs are listed, not hashed, except the
+    manifest blobs a v2 tag or a list points at, which must hash to their names."""
+
+    def __init__(self, layout: Layout, cache: ScanCache | None = None) -> None:
+        self.layout = layout
+        self.index = StoreIndex(layout, cache=cache)
+        self.cache = cache
+        self._met: dict[str, tuple[tuple[int, int, int, int], Manifest | ManifestList]] = {}
+        self._prefix = str(layout.root).rstrip("/") + "/"
+        self._manifest_blobs: dict[Digest, Manifest | ManifestList | StoreError] = {}
+
+    def scan(self) -> StoreIndex:
+        blob_paths = self._list_blobs()
+        trees = [
+            (root, v2, list(walk_manifest_tree(root)))
+            for root, v2 in ((self.layout.manifests_v2, True), (self.layout.manifests, False))
+        ]
+        # The first scan of a long-lived view (a mount, a server) reads everything and waits on
+        # the disk; a rescan finds it in memory, and a command's one scan reads less.
+        if self.cache is not None and not self.cache.manifests:
+            tag_paths = [
+                de.path
+                for _, _, items in trees
+                for _, de, problem in items
+                if de is not None and not problem and de.is_file(follow_symlinks=False)
+            ]
+            if not (cached(tag_paths) and cached(blob_paths)):
+                prefetch(tag_paths)
+                prefetch(blob_paths, HEAD)
+        for root, v2, items in trees:
+            self._scan_tree(root, items, v2=v2)
+        for entry in self.index.entries.values():
+            for variant in entry.variants:
+                self._check_blobs(entry, variant)
+        if self.cache is not None:
+            self.cache.manifests = self._met
+            self.cache.configs = {d: c for d, c in self.index._configs.items() if c is not None}
+        return self.index
+
+    # -- blobs ---------------------------------------------------------------------------
+    def _list_blobs(self) -> list[str]:
+        """Note every blob name; the paths of the regular ones."""
+        paths: list[str] = []
+        try:
+            it = os.scandir(self.layout.blobs)
+        except FileNotFoundError:
+            return paths
+        except OSError as exc:
+            self._problem("bad-blob", "blobs", f"cannot list: {exc.strerror}")
+            return paths
+        with it:
+            for de in it:
+                if is_blob_name(de.name):
+                    if de.is_symlink() or not de.is_file(follow_symlinks=False):
+                        # A blob that is a link could point anywhere (/etc/passwd); never serve it.
+                        self._problem("bad-blob", f"blobs/{de.name}", "not a regular file")
+                    else:
+                        self.index.blob_names.add(de.name)
+                        paths.append(de.path)
+                elif de.name.startswith("sha256:"):
+                    self._problem(
+                        "foreign-blob",
+                        f"blobs/{de.name}",
+                        "named with ':' (copied from another OS); rename it to sha256-…",
+                    )
+                elif de.name.startswith("sha256-") and _is_upper_blob(de.name):
+                    self._problem("foreign-blob", f"blobs/{de.name}", "uppercase hex in name")
+                else:
+                    # Ollama's own partials and temp files live here too; they are not ours to
+                    # judge, but a user asking "what is this 40 GB file" deserves a line.
+                    self._problem("stray", f"blobs/{de.name}", "not a blob name")
+        return paths
+
+    # -- manifests -----------------------------------------------------------------------
+    def _scan_tree(self, root: Path, items: list[_TreeItem], *, v2: bool) -> None:
+        top = root.name
+        for parts, de, problem in items:
+            rel = "/".join((top, *parts))
+            if problem:
+                self._problem("stray", rel, problem)
+                continue
+            assert de is not None
+            try:
+                name = name_from_path_parts(parts, v2=v2)
+            except InvalidNameError:
+                self._problem("stray", rel, "not a valid model name")
+                continue
+            shown = self.index.entries.get(name.key)
+            if shown is not None and v2:
+                self._problem("stray", rel, f"duplicate of {shown.path}")
+                continue
+            try:
+                entry = self._read_entry(name, de.path, root, v2=v2)
+            except StoreError as exc:
+                removed = removed_tag(self.layout, de.path) if v2 else None
+                if removed is not None:
+                    # The legacy file of the same name, if any (Ollama's re-pull), is the tag.
+                    self._problem("removed-tag", rel, removed)
+                else:
+                    self._problem("bad-manifest", rel, str(exc).removeprefix(f"{rel}: "))
+                continue
+            except Exception as exc:
+                # Whatever a hostile file does, it costs only its own entry, never the scan.
+                log.exception("%s: unexpected error", rel)
+                self._problem("bad-manifest", rel, f"unreadable ({type(exc).__name__}: {exc})")
+                continue
+            if shown is None:
+                self.index.entries[name.key] = entry
+                continue
+            # v2 hides legacy for the same name (the legacy file is an anchor); two legacy
+            # spellings of one name are one model here, two for Ollama.
+            self.index.hidden.append(entry)
+            if shown.source == "legacy":
+                self._problem("stray", rel, f"duplicate of {shown.path}")
+
+    def _read_entry(self, name: Name, path: str, root: Path, *, v2: bool) -> Entry:
+        # Strings in this loop: it runs once per tag, and Path arithmetic was a fifth of it.
+        rel = path[len(self._prefix) :]  # walk_manifest_tree's paths are below the root
+        top, mtime_ns = self._parsed_manifest_file(path, root, rel)
+        if isinstance(top, ManifestList):
+            variants, absent = self._resolve_list(top, rel)
+        else:
+            config = self.index.config(top)
+            runner = infer_runner(top, config)
+            fmt = top.format or (config.model_format if config else None) or None
+            variants, absent = (Variant(top, runner, fmt, False),), ()
+        return Entry(
+            name=name,
+            source="v2" if v2 else "legacy",
+            path=Path(path),
+            top=top,
+            mtime_ns=mtime_ns,
+            variants=variants,
+            absent_children=absent,
+        )
+
+    def _parsed_manifest_file(
+        self, path: str, root: Path, rel: str
+    ) -> tuple[Manifest | ManifestList, int]:
+        """A tag file's manifest and mtime, from the cache when the file is as it was."""
+        if self.cache is not None:
+            try:
+                lst = os.lstat(path)
+            except OSError:
+                lst = None  # _read_manifest_file says why
+            if lst is not None and stat.S_ISREG(lst.st_mode):
+                known = self.cache.manifests.get(path)
+                if known is not None and known[0] == _stamp(lst):
+                    self._met[path] = known
+                    return known[1], lst.st_mtime_ns
+        raw, st = self._read_manifest_file(path, root, rel)
+        top = parse_manifest(raw, rel)
+        if self.cache is not None and stat.S_ISREG(st.st_mode) and not os.path.islink(path):
+            self._met[path] = (_stamp(st), top)
+        return top, st.st_mtime_ns
+
+    def _read_manifest_file(self, path: str, root: Path, rel: str) -> tuple[bytes, os.stat_result]:
+        """Read a tag file. A `manifests-v2/` link must land on a blob whose bytes hash to its
+        name; a legacy file that is a link is followed, as Ollama's os.Open does
+        (ollama/ollama fb30760 manifest/manifest.go:189,125), to a regular file."""
+        try:
+            lst = os.lstat(path)
+            if stat.S_ISLNK(lst.st_mode) and root != self.layout.manifests_v2:
+                lst = os.stat(path)
+            if stat.S_ISLNK(lst.st_mode):
+                # The link must land on blobs/<its own name>: same file as that blob, which
+                # the blob listing already knows to be a regular file inside the store.
+                link = os.readlink(path)
+                blob_name = os.path.basename(link)
+                outside = ManifestError(f"{rel}: link points outside blobs/ ({link})")
+                if not is_blob_name(blob_name):
+                    raise outside
+                if blob_name not in self.index.blob_names:
+                    if os.path.lexists(os.path.join(self.layout.blobs, blob_name)):
+                        raise outside  # present, but not a regular file
+                    raise ManifestError(f"{rel}: manifest blob {blob_name} is missing")
+                blob = os.path.join(self.layout.blobs, blob_name)
+                st = os.stat(path)
+                bst = os.stat(blob, follow_symlinks=False)
+                if (st.st_dev, st.st_ino) != (bst.st_dev, bst.st_ino):
+                    raise outside
+                raw = read_limited(blob, MAX_MANIFEST_BYTES)
+                if Digest.of_bytes(raw).blob_name != blob_name:
+                    raise ManifestError(f"{rel}: linked blob {blob_name} does not match its hash")
+                return raw, bst
+            if not stat.S_ISREG(lst.st_mode):
+                raise ManifestError(f"{rel}: not a regular file")
+            with open_binary(path) as f:
+                st = os.fstat(f.fileno())
+                raw = read_open(f, MAX_MANIFEST_BYTES)
+            return raw, st
+        except OSError as exc:
+            raise ManifestError(f"{rel}: {exc.strerror or exc}") from None
+
+    def _manifest_blob(self, digest: Digest) -> Manifest | ManifestList | StoreError:
+        """A manifest stored as a blob, verified against its name; errors are cached too."""
+        if digest in self._manifest_blobs:
+            return self._manifest_blobs[digest]
+        rel = f"blobs/{digest.blob_name}"
+        result: Manifest | ManifestList | StoreError
+        if not self.index.has_blob(digest):
+            result = ManifestError(f"{rel}: missing")
+        else:
+            try:
+                raw = read_limited(f"{self.layout.blobs}/{digest.blob_name}", MAX_MANIFEST_BYTES)
+                if Digest.of_bytes(raw) != digest:
+                    result = ManifestError(f"{rel}: bytes do not match the name")
+                else:
+                    result = parse_manifest(raw, rel)
+            except OSError as exc:
+                result = ManifestError(f"{rel}: {exc.strerror}")
+            except StoreError as exc:
+                result = exc
+        self._manifest_blobs[digest] = result
+        return result
+
+    def _resolve_list(
+        self, top: ManifestList, rel: str
+    ) -> tuple[tuple[Variant, ...], tuple[ListChild, ...]]:
+        variants: list[Variant] = []
+        absent: list[ListChild] = []
+        for child in top.children:
+            if child.inline is not None:
+                manifest: Manifest | ManifestList | StoreError = child.inline
+            else:
+                manifest = self._manifest_blob(child.digest)
+            if isinstance(manifest, ManifestList):
+                self._problem("bad-manifest", rel, f"child {child.digest} is itself a list")
+                continue
+            if isinstance(manifest, StoreError):
+                # A pull fetches only the chosen child, so an absent child is normal; a present
+                # but broken one is not.
+                if self.index.has_blob(child.digest):
+                    self._problem("bad-manifest", rel, f"child {child.digest}: {manifest}")
+                absent.append(child)
+                continue
+            if child.runner is not None and _RUNNER.fullmatch(child.runner) is None:
+                # A runner becomes part of a directory name (`26b@mlx`).
+                self._problem("bad-manifest", rel, f"child {child.digest}: bad runner name")
+                continue
+            variants.append(child_variant(child, manifest, self.index.config(manifest)))
+        return tuple(variants), tuple(absent)
+
+    def _check_blobs(self, entry: Entry, variant: Variant) -> None:
+        for digest in self.index.missing_blobs(variant.manifest):
+            info = self.index.blob_info(digest)
+            what = "missing" if info is None else f"wrong size ({info.size} bytes)"
+            self._problem(
+                "missing-blob",
+                str(entry.path.relative_to(self.layout.root)),
+                f"blob {digest} {what}",
+            )
+
+    def _problem(self, kind: str, path: str, message: str) -> None:
+        self.index.problems.append(Problem(kind, path, message))
+
+
+def _is_upper_blob(name: str) -> bool:
+    try:
+        Digest.parse(name)
+    except InvalidDigestError:
+        return False
+    return True
+
+
+def _stamp(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def scan_store(root: str | os.PathLike[str] | Layout, cache: ScanCache | None = None) -> StoreIndex:
+    layout = root if isinstance(root, Layout) else Layout(root)
+    return Scanner(layout, cache).scan()
