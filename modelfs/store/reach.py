@@ -122,6 +122,8 @@ class _Reader:
             raw = read_limited(path, MAX_MANIFEST_BYTES)
         except FileNotFoundError:
             if trashed is None:
+                if not os.path.lexists(path):
+                    return  # removed between the look and the open: names nothing, as above
                 raise
             raw = read_limited(trashed, MAX_MANIFEST_BYTES)  # dangling into the trash
         self.manifest_bytes(raw, rel)
