@@ -12,7 +12,7 @@ directory (here: write SOURCE directly):
   in SOURCE after that are missing from `readdir` and `lookup` (ENOENT) until the cache
   expires, whether or not the directory is opened again. Names removed from SOURCE disappear
   at once (the stale-positive case only makes a GC refuse, which its own tests cover);
-- a file's attributes (mtime, ctime, size) are cached per inode for `hide` seconds, except
+- a file's attributes (mtime, ctime, size) are cached per file for `hide` seconds, except
   that opening the file fetches them afresh, as NFS's close-to-open consistency does;
 - what is done through this mount (create, mkdir, rename, link, unlink, utime) is seen by
   this mount at once, as a client sees its own changes.
@@ -83,18 +83,21 @@ class HidingFS(pyfuse3.Operations):
         self.source = os.path.realpath(source)
         self.hide = hide
         self.root_ino = os.lstat(self.source).st_ino
-        self.paths: dict[int, str] = {self.root_ino: self.source}  # real inode -> a path
+        # Both keyed by node id (real inode and type), never by the real inode alone: the
+        # real filesystem gives a deleted file's number to the next file made, of any type,
+        # and an NFS client's cache is per file handle, which a new file never shares.
+        # Keyed by number, a new v2 link was served under the old node's path, or with the
+        # cached attributes of the directory or file that had its number before (a link
+        # seen as a directory; EIO where the kernel met one node id with two types).
+        self.paths: dict[int, str] = {pyfuse3.ROOT_INODE: self.source}  # node id -> a path
         self.listings: dict[str, _Listing] = {}
-        self.attrs: dict[int, tuple[float, os.stat_result]] = {}  # real inode -> (when, attrs)
-        self.fds: dict[int, int] = {}  # fh -> real inode
+        self.attrs: dict[int, tuple[float, os.stat_result]] = {}  # node id -> (when, attrs)
+        self.fds: dict[int, int] = {}  # fh -> node id
 
     # -- inodes and paths ---------------------------------------------------------------------
     # A node id carries the file's type beside its real inode number: the real filesystem
     # reuses a deleted symlink's number for a new regular file, and a kernel that meets one
     # node id with two types marks the old inode bad (EIO for whoever still walks it).
-    def _real(self, inode: int) -> int:
-        return self.root_ino if inode == pyfuse3.ROOT_INODE else inode & _REAL_MASK
-
     def _fuse(self, real: int, mode: int) -> InodeT:
         if real == self.root_ino:
             return InodeT(pyfuse3.ROOT_INODE)
@@ -103,7 +106,7 @@ class HidingFS(pyfuse3.Operations):
 
     def _path(self, inode: int) -> str:
         try:
-            return self.paths[self._real(inode)]
+            return self.paths[inode]
         except KeyError:
             raise FUSEError(errno.ENOENT) from None
 
@@ -137,19 +140,21 @@ class HidingFS(pyfuse3.Operations):
             st = os.lstat(path)
         except OSError as exc:
             raise _errno(exc) from None
-        cached = self.attrs.get(st.st_ino)
+        node = self._fuse(st.st_ino, st.st_mode)
+        cached = self.attrs.get(node)
         if not fresh and cached is not None and time.monotonic() - cached[0] < self.hide:
             return cached[1]
-        self.attrs[st.st_ino] = (time.monotonic(), st)
+        self.attrs[node] = (time.monotonic(), st)
         return st
 
     def _entry(self, path: str, *, fresh: bool = False) -> EntryAttributes:
         st = self._stat(path, fresh=fresh)
-        self.paths[st.st_ino] = path
+        node = self._fuse(st.st_ino, st.st_mode)
+        self.paths[node] = path
         entry = EntryAttributes()
         for name in _ATTRS:
             setattr(entry, name, getattr(st, name))
-        entry.st_ino = self._fuse(st.st_ino, st.st_mode)
+        entry.st_ino = node
         entry.generation = 0
         entry.entry_timeout = 0
         entry.attr_timeout = 0
@@ -204,7 +209,7 @@ class HidingFS(pyfuse3.Operations):
         except OSError as exc:
             raise _errno(exc) from None
         self._stat(path, fresh=True)  # close-to-open: an open revalidates the attributes
-        self.fds[fd] = self._real(inode)
+        self.fds[fd] = inode
         return FileInfo(fh=pyfuse3.FileHandleT(fd))
 
     async def create(
@@ -217,7 +222,7 @@ class HidingFS(pyfuse3.Operations):
             raise _errno(exc) from None
         self._seen(path)
         entry = self._entry(path, fresh=True)
-        self.fds[fd] = self._real(entry.st_ino)
+        self.fds[fd] = entry.st_ino
         return FileInfo(fh=pyfuse3.FileHandleT(fd)), entry
 
     async def read(self, fh: pyfuse3.FileHandleT, off: int, size: int) -> bytes:
@@ -313,12 +318,13 @@ class HidingFS(pyfuse3.Operations):
         old, new = self._child(parent_inode_old, name_old), self._child(parent_inode_new, name_new)
         try:
             os.rename(old, new)
-            ino = os.lstat(new).st_ino
+            st = os.lstat(new)
         except OSError as exc:
             raise _errno(exc) from None
         self._seen(new)
-        self.paths[ino] = new
-        self.attrs.pop(ino, None)
+        node = self._fuse(st.st_ino, st.st_mode)
+        self.paths[node] = new
+        self.attrs.pop(node, None)
 
 
 def main(argv: list[str] | None = None) -> int:

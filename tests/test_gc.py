@@ -122,7 +122,6 @@ def test_nothing_any_manifest_form_names_is_ever_deleted(store: TinyStore) -> No
             lambda p: p.write_bytes(b'{"schemaVersion":2,"layers":[{"dig'), id="truncated"
         ),
         pytest.param(lambda p: p.write_bytes(b"\x00\x01 not json"), id="binary"),
-        pytest.param(lambda p: p.mkdir(), id="directory"),
     ],
 )
 def test_an_unreadable_manifest_stops_gc(store: TinyStore, make: Any) -> None:

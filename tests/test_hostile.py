@@ -84,7 +84,6 @@ SPECIAL: dict[str, tuple[Callable[[Path], None], str]] = {
     "fifo": (_fifo, "a FIFO"),
     "dev-zero": (_zero, "a character device"),
     "socket": (_socket, "a socket"),
-    "directory": (lambda p: p.mkdir(), "a directory"),
     "link-loop": (_loop, "symbolic links"),
 }
 
@@ -107,14 +106,51 @@ def test_a_special_file_where_a_tag_is(tmp_path: Path, kind: str, where: str) ->
         out = r.stdout + r.stderr
         assert "Traceback" not in out, out
         if argv[0] != "ls":
-            # verify calls a directory a stray (no file to judge); GC still refuses over it
-            assert r.returncode == (0 if argv[0] == "verify" and kind == "directory" else 1), out
+            assert r.returncode == 1, out
             assert "odd/latest" in out, out
-        if argv[0] == "gc" and kind != "directory":
+        if argv[0] == "gc":
             assert words in out, out
     rc, report, _ = gc(tiny, "--grace", "0", "--grace-below-floor", "--trash-retention", "0")
     assert rc == 1 and report["refused"]
     assert present(tiny, junk)
+
+
+@pytest.mark.parametrize("where", ["manifests", "manifests-v2"])
+@pytest.mark.parametrize("link", [False, True], ids=["directory", "link-to-directory"])
+def test_a_directory_where_a_tag_is_is_a_stray(tmp_path: Path, where: str, link: bool) -> None:
+    """A directory (or a link to one) at a tag's path holds no manifest and names no blobs;
+    Ollama's own listing skips it (ollama/ollama fb30760 manifest/manifest.go:189-194).
+    `verify` and `gc` call it a stray in the same words, exit 0, keep it, and GC goes on."""
+    tiny = TinyStore(tmp_path / "s")
+    tiny.gguf_model("fine:1", payload=b"fine weights")
+    junk = orphan(tiny, b"would go")
+    host = "ollama.com" if where == "manifests-v2" else "registry.ollama.ai"
+    path = tiny.root / where / host / "library" / "odd" / "latest"
+    path.parent.mkdir(parents=True)
+    if link:
+        (tmp_path / "elsewhere").mkdir()
+        path.symlink_to(tmp_path / "elsewhere")
+    else:
+        path.mkdir()
+        (path / "inside").write_bytes(b"not looked at")
+    rel = f"{where}/{host}/library/odd/latest"
+
+    rc, report, err = gc(tiny, "--dry-run")
+    assert rc == 0 and report["refused"] == [], err
+    (stray,) = [s for s in report["strays"] if s["path"] == rel]
+    v = run("verify", "--store", str(tiny.root))
+    assert v.returncode == 0, v.stdout + v.stderr
+    (line,) = [ln for ln in v.stdout.splitlines() if rel in ln]
+    assert stray["message"] in line and "STRAY" in line.upper(), line
+
+    rc, report, err = gc(tiny, "--grace", "0", "--grace-below-floor", "--trash-retention", "0")
+    assert rc == 0 and report["refused"] == [], err
+    rc, report, err = gc(tiny, "--grace", "0", "--grace-below-floor", "--trash-retention", "0")
+    assert rc == 0, err
+    assert not present(tiny, junk)  # GC went on
+    assert present(tiny, Digest.of_bytes(b"fine weights"))
+    assert path.is_dir()  # the stray is kept
+    assert "Traceback" not in v.stdout + v.stderr + err
 
 
 def test_a_fifo_blob_never_holds_up_the_server(tmp_path: Path) -> None:

@@ -208,6 +208,11 @@ def plan_gc(layout: Layout, policy: GcPolicy, *, now: float | None = None) -> Gc
     _plan_temps(layout, plan, keep | leased)
     _plan_compat(layout, plan, keep | leased)
     _plan_trash(layout, plan, keep | leased)
+    if plan.refused:
+        # What an unreadable file names is unknown, so no blob may be called unneeded (a dry
+        # run would list as going what it may name); only put-backs are still done.
+        plan.trash, plan.pending, plan.young, plan.leased = [], [], [], []
+        plan.temps, plan.temps_kept, plan.purge, plan.first_seen = [], [], [], {}
     return plan
 
 

@@ -31,7 +31,13 @@ from modelfs.store.errors import InvalidNameError, ManifestError, StoreError
 from modelfs.store.layout import Layout
 from modelfs.store.manifest import MAX_MANIFEST_BYTES, Manifest, ManifestList, parse_manifest
 from modelfs.store.names import name_from_path_parts
-from modelfs.store.scan import Problem, read_limited, removed_tag, walk_manifest_tree
+from modelfs.store.scan import (
+    STRAY_DIRECTORY,
+    Problem,
+    read_limited,
+    removed_tag,
+    walk_manifest_tree,
+)
 
 
 @dataclass
@@ -41,7 +47,7 @@ class Reach:
     digests: set[Digest] = field(default_factory=set)
     manifests: int = 0  # manifest files read
     unreadable: list[Problem] = field(default_factory=list)  # GC must not delete while any
-    strays: list[Problem] = field(default_factory=list)  # harmless: above manifest depth
+    strays: list[Problem] = field(default_factory=list)  # harmless: no manifest can be there
     removed: list[Problem] = field(default_factory=list)  # v2 links `ollama rm` left: no roots
 
     @property
@@ -61,7 +67,10 @@ class _Reader:
         for parts, de, problem in walk_manifest_tree(root):
             rel = "/".join((top, *parts))
             if problem:
-                kind = "stray" if len(parts) < 4 and de is not None else "bad-manifest"
+                # Above tag depth, or a directory at it: no manifest can be there, so nothing
+                # is unknown (a listing that failed is, and stops GC).
+                harmless = de is not None and (len(parts) < 4 or problem == STRAY_DIRECTORY)
+                kind = "stray" if harmless else "bad-manifest"
                 target = self.reach.strays if kind == "stray" else self.reach.unreadable
                 target.append(Problem(kind, rel, problem))
                 continue
@@ -113,6 +122,8 @@ class _Reader:
             raw = read_limited(path, MAX_MANIFEST_BYTES)
         except FileNotFoundError:
             if trashed is None:
+                if not os.path.lexists(path):
+                    return  # removed between the look and the open: names nothing, as above
                 raise
             raw = read_limited(trashed, MAX_MANIFEST_BYTES)  # dangling into the trash
         self.manifest_bytes(raw, rel)

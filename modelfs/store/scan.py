@@ -297,6 +297,17 @@ def read_limited(path: Path | str, limit: int) -> bytes:
 
 _TreeItem = tuple[tuple[str, ...], os.DirEntry[str] | None, str]
 
+STRAY_DIRECTORY = "stray directory where a manifest should be"
+
+
+def _is_dir(de: os.DirEntry[str]) -> bool:
+    """A directory, or a link to one; False for what cannot be followed (a link loop is
+    then judged where it is read)."""
+    try:
+        return de.is_dir(follow_symlinks=True)
+    except OSError:
+        return False
+
 
 def walk_manifest_tree(root: Path) -> Iterator[_TreeItem]:
     """Yield (parts, dir entry, problem) for everything at or above depth 4 that is not a dir
@@ -316,12 +327,14 @@ def walk_manifest_tree(root: Path) -> Iterator[_TreeItem]:
                 sub = (*parts, de.name)
                 if len(sub) < 4:
                     # Ollama's Glob follows links to directories; the depth bound stops loops.
-                    if de.is_dir(follow_symlinks=True):
+                    if _is_dir(de):
                         yield from walk(de.path, sub)
                     else:
                         yield sub, de, "stray file (not a manifest: wrong depth)"
-                elif de.is_dir(follow_symlinks=False):
-                    yield sub, de, "stray directory where a manifest should be"
+                elif _is_dir(de):
+                    # Ollama skips these (ollama/ollama fb30760 manifest/manifest.go:189-194,
+                    # os.Stat follows a link): a directory holds no manifest, names no blobs.
+                    yield sub, de, STRAY_DIRECTORY
                 else:
                     yield sub, de, ""
 
