@@ -322,9 +322,12 @@ def layout_files(
     raise ValueError(f"unknown layout {layout!r}")
 
 
-def blob_tensor_names(index: StoreIndex) -> TensorNames:
-    """A TensorNames reading each tensor blob's header once (blobs never change)."""
-    known: dict[Digest, tuple[list[str], int] | None] = {}
+def blob_tensor_names(
+    index: StoreIndex, known: dict[Digest, tuple[list[str], int] | None] | None = None
+) -> TensorNames:
+    """A TensorNames reading each tensor blob's header once (blobs never change); `known`
+    keeps what it read for later calls (a mount's rebuilds)."""
+    known = {} if known is None else known
 
     def read(f: ModelFile) -> tuple[list[str], int] | None:
         digest = f.layer.digest
