@@ -236,3 +236,19 @@ def test_link_leaves_alone_a_path_it_did_not_write(tmp_path: Path) -> None:
     errors = [line for line in proc.stderr.splitlines() if "error" in line]
     assert len(errors) == 1 and errors[0].startswith("modelfs: error: "), proc.stderr
     assert "'hf' layout" in errors[0] and "Traceback" not in proc.stderr
+
+
+def test_hf_repos_are_what_huggingface_hub_names_them(tmp_path: Path) -> None:
+    """Every repo folder is huggingface_hub's own `repo_folder_name` of an id its
+    `validate_repo_id` accepts; a model name it would refuse is left out, not mangled."""
+    from huggingface_hub.file_download import repo_folder_name
+    from huggingface_hub.utils import validate_repo_id
+
+    store = _store(tmp_path)
+    store.gguf_model("hf.co/someone/odd--name:latest", b"odd")
+    store.gguf_model("hf.co/someone/trailing.:latest", b"trailing dot")
+    folders = {p.split("/")[0] for p in _files(store, "hf")}
+    ids = {"bartowski/SmolLM2-135M-Instruct-GGUF", "ollama/qwen3"}
+    for repo_id in ids:
+        validate_repo_id(repo_id)
+    assert folders == {repo_folder_name(repo_id=i, repo_type="model") for i in ids}

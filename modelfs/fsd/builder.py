@@ -232,7 +232,7 @@ class _Build(CompatDirs):
             except Exception:
                 # One model's oddity must not cost the user the whole view.
                 log.exception("%s: not shown", entry.name)
-        models = tool_models(index, self.prefer)
+        models = tool_models(index, self.prefer, lambda m: self._plan(m).files)
         for layout, top in TOOL_VIEWS:
             try:
                 self._add_tool_view(root, layout, top, root_mtime, models)

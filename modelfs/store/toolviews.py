@@ -43,8 +43,9 @@ HF_MAIN = "main"
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 _GGUF_SUFFIX = re.compile(r"[-_.]gguf$", re.IGNORECASE)
-# A name huggingface_hub's validate_repo_id accepts (utils/_validators.py: no `--`, no `..`).
-_HF_REPO_PART = re.compile(r"(?!.*--)(?!.*\.\.)[A-Za-z0-9_.-]{1,96}")
+# A name huggingface_hub's validate_repo_id accepts (huggingface/huggingface_hub ee0a451
+# utils/_validators.py:28 REPO_ID_REGEX, and no `--`, `..` or trailing `.git`).
+_HF_REPO_PART = re.compile(r"(?!.*--)(?!.*\.\.)(?!.*\.git$)\w(?:[\w.-]{0,94}\w)?", re.ASCII)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,35 +60,54 @@ class ToolFile:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolVariant:
+    """A runnable manifest of a tag: its files whose blobs are present, by layer kind."""
+
+    manifest: Manifest
+    by_kind: dict[str, tuple[ModelFile, ...]]
+    quant: str  # the config's file type, safe in a file name ("" when unknown)
+
+    def of(self, kind: str) -> tuple[ModelFile, ...]:
+        return self.by_kind.get(kind, ())
+
+
+@dataclass(frozen=True, slots=True)
 class ToolModel:
-    """A tag as the layouts see it: its runnable manifests with the files whose blobs are
-    present, the preferred variant first."""
+    """A tag as the layouts see it, the preferred variant first."""
 
     name: Name
     digest: Digest  # what the tag names (a list's own digest for a list)
     mtime_ns: int
-    variants: tuple[tuple[Manifest, tuple[ModelFile, ...], str], ...]  # manifest, files, quant
+    variants: tuple[ToolVariant, ...]
 
 
-def tool_models(index: StoreIndex, prefer: Iterable[str] = DEFAULT_PREFER) -> list[ToolModel]:
-    """Every tag of the store, sorted by full name (the order that settles collisions)."""
+def tool_models(
+    index: StoreIndex,
+    prefer: Iterable[str] = DEFAULT_PREFER,
+    files_of: Callable[[Manifest], Sequence[ModelFile]] = model_files,
+) -> list[ToolModel]:
+    """Every tag of the store, sorted by full name (the order that settles collisions).
+    `files_of` is `model_files`, or a cache of it (the mount's plans)."""
     prefer = tuple(prefer)
+    variants: dict[Digest, ToolVariant] = {}  # manifests recur (a list child and its anchor)
     out = []
     for entry in index:
         first = entry.preferred(prefer)
-        variants = sorted(entry.variants, key=lambda v: v is not first)
-        seen = []
-        for v in variants:
-            present = tuple(
-                f
-                for f in model_files(v.manifest)
-                if (info := index.blob_info(f.layer.digest)) is not None
-                and info.size == f.layer.size
-            )
-            config = index.config(v.manifest)
-            quant = _safe(config.file_type) if config is not None else ""
-            seen.append((v.manifest, present, quant))
-        out.append(ToolModel(entry.name, entry.digest, entry.mtime_ns, tuple(seen)))
+        shown = []
+        for v in sorted(entry.variants, key=lambda v: v is not first):
+            tv = variants.get(v.manifest.digest)
+            if tv is None:
+                by_kind: dict[str, list[ModelFile]] = {}
+                for f in files_of(v.manifest):
+                    info = index.blob_info(f.layer.digest)
+                    if info is not None and info.size == f.layer.size:
+                        by_kind.setdefault(f.layer.kind, []).append(f)
+                config = index.config(v.manifest)
+                quant = _safe(config.file_type) if config is not None else ""
+                tv = ToolVariant(v.manifest, {k: tuple(fs) for k, fs in by_kind.items()}, quant)
+                variants[v.manifest.digest] = tv
+            shown.append(tv)
+        out.append(ToolModel(entry.name, entry.digest, entry.mtime_ns, tuple(shown)))
     out.sort(key=lambda m: (m.name.full.casefold(), m.name.full))
     return out
 
@@ -126,10 +146,6 @@ def _repo_key(name: Name) -> tuple[str, ...]:
     return (name.host.casefold(), name.namespace.casefold(), name.model.casefold())
 
 
-def _weights(files: Sequence[ModelFile], kind: str) -> list[ModelFile]:
-    return [f for f in files if f.layer.kind == kind]
-
-
 def weight_stem(name: Name, quant: str) -> str:
     """The stem of a GGUF's file name, carrying the model and its quantization as Hugging Face
     GGUF repositories name them: `SmolLM2-135M-Instruct-Q4_K_M` for
@@ -162,15 +178,13 @@ def lmstudio_layout(models: Sequence[ToolModel]) -> list[ToolFile]:
     aside) get `-2`, `-3`, in the order of the models' full names; so do file names.
     """
     # (the model's repository, projector digest) -> the tags of that folder, in name order
-    groups: dict[
-        tuple[tuple[str, ...], Digest | None], list[tuple[ToolModel, tuple[ModelFile, ...], str]]
-    ] = {}
+    groups: dict[tuple[tuple[str, ...], Digest | None], list[tuple[ToolModel, ToolVariant]]] = {}
     for m in models:
-        for _manifest, files, quant in m.variants:
-            if _weights(files, "model"):
-                projectors = _weights(files, "projector")
+        for v in m.variants:
+            if v.of("model"):
+                projectors = v.of("projector")
                 key = (_repo_key(m.name), projectors[0].layer.digest if projectors else None)
-                groups.setdefault(key, []).append((m, files, quant))
+                groups.setdefault(key, []).append((m, v))
                 break
     publishers: dict[str, str] = {}  # casefolded publisher -> its first spelling
     folders: dict[str, set[str]] = {}  # publisher -> folder names taken
@@ -185,14 +199,14 @@ def lmstudio_layout(models: Sequence[ToolModel]) -> list[ToolFile]:
         base = f"{pub}/{folder}"
         names: set[str] = set()
         shown: set[Digest] = set()
-        for m, files, quant in tags:
-            stem = weight_stem(m.name, quant)
-            for fname, f in _gguf_names(stem, _weights(files, "model")):
+        for m, v in tags:
+            stem = weight_stem(m.name, v.quant)
+            for fname, f in _gguf_names(stem, v.of("model")):
                 if f.layer.digest in shown:
                     continue
                 shown.add(f.layer.digest)
                 out.append(ToolFile(f"{base}/{_unique(fname, names)}", m.name, f))
-            for f in _weights(files, "projector")[:1]:
+            for f in v.of("projector")[:1]:
                 if f.layer.digest not in shown:
                     shown.add(f.layer.digest)
                     model = _GGUF_SUFFIX.sub("", m.name.model) or m.name.model
@@ -225,7 +239,7 @@ def hf_layout(models: Sequence[ToolModel], tensor_names: TensorNames) -> list[To
     repos: dict[tuple[str, ...], list[ToolModel]] = {}
     for m in models:
         hf_host = m.name.host.lower() in HF_HOSTS
-        has_tensors = any(_weights(files, "tensor") for _, files, _ in m.variants)
+        has_tensors = any(v.of("tensor") for v in m.variants)
         if hf_host or has_tensors:
             repos.setdefault(_repo_key(m.name), []).append(m)
     taken: set[str] = set()
@@ -266,20 +280,19 @@ def _snapshot_files(
             files_out.append((path, source, data))
 
     gguf_done = tensors_done = False
-    for _manifest, files, quant in m.variants:
-        models = _weights(files, "model")
+    for v in m.variants:
+        models = v.of("model")
         if models and not gguf_done:
             gguf_done = True
-            for fname, f in _gguf_names(weight_stem(m.name, quant), models):
+            for fname, f in _gguf_names(weight_stem(m.name, v.quant), models):
                 add(fname, f)
-            for f in _weights(files, "projector")[:1]:
+            for f in v.of("projector")[:1]:
                 add(f"mmproj-{_GGUF_SUFFIX.sub('', m.name.model) or m.name.model}.gguf", f)
-        tensors = _weights(files, "tensor")
+        tensors = v.of("tensor")
         if tensors and not tensors_done:
             tensors_done = True
-            for f in files:
-                if f.layer.kind == "json":
-                    add(f.path, f)
+            for f in v.of("json"):
+                add(f.path, f)
             for path, source, data in _safetensors_files(tensors, tensor_names):
                 add(path, source, data)
     return files_out
