@@ -40,3 +40,26 @@ def test_llama_cpp_loads_a_mounted_gguf(tmp_path: Path) -> None:
         )
         assert native.tokenize(text, add_bos=False) == tokens
         assert native.n_vocab() == llm.n_vocab()
+
+
+def test_llama_cpp_loads_a_gguf_by_its_lmstudio_path(tmp_path: Path) -> None:
+    """What LM Studio pointed at `MOUNT/.lmstudio/` loads: the same tokens as from the model
+    directory's `model.gguf`."""
+    root = tmp_path / "models"
+    build_demo_store(root)
+    name = parse_name(VOCAB_ONLY_MODEL)
+    mnt = tmp_path / "mnt"
+    with mounted(root, mnt):
+        model = mnt / name.model / name.tag / "model.gguf"
+        digest = os.getxattr(model, "user.modelfs.digest")
+        [path] = [
+            p
+            for p in (mnt / ".lmstudio").rglob("*.gguf")
+            if os.getxattr(p, "user.modelfs.digest") == digest
+        ]
+        assert path.relative_to(mnt / ".lmstudio").parts[0] == "ollama"
+        text = b"hello world"
+        lms = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+        direct = llama_cpp.Llama(model_path=str(model), vocab_only=True, verbose=False)
+        assert lms.tokenize(text, add_bos=False) == direct.tokenize(text, add_bos=False)
+        assert lms.n_vocab() == direct.n_vocab() > 100

@@ -262,7 +262,15 @@ def test_missing_blob_and_hostile_store(tmp_path: Path) -> None:
         assert "model.gguf" in names and "LICENSE" not in names
         status = (mnt / "ok" / "1" / ".ollama" / "status").read_text()
         assert status == f"missing blob {lic} (LICENSE)\n"
-        assert sorted(os.listdir(mnt)) == [".blobs", ".by-digest", ".by-name", "broken", "ok"]
+        assert sorted(os.listdir(mnt)) == [
+            ".blobs",
+            ".by-digest",
+            ".by-name",
+            ".huggingface",
+            ".lmstudio",
+            "broken",
+            "ok",
+        ]
         assert evil_blob.name not in os.listdir(mnt / ".blobs")
         assert not (mnt / ".blobs" / evil_blob.name).exists()
         for p in mnt.rglob("*"):

@@ -140,6 +140,26 @@ def cmd_mount(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_link(args: argparse.Namespace) -> int:
+    from modelfs.store.toollink import write_links
+    from modelfs.store.toolviews import blob_tensor_names, layout_files, tool_models
+
+    index = _open_index(args)
+    files = layout_files(args.layout, tool_models(index, args.prefer), blob_tensor_names(index))
+    report = write_links(index.layout.blobs, files, args.dir, args.layout)
+    for path in report.skipped:
+        log.warning("%s: left alone (not written by modelfs link)", args.dir / path)
+    log.info(
+        "%s: %d added, %d updated, %d removed, %d unchanged",
+        args.dir,
+        len(report.added),
+        len(report.updated),
+        len(report.removed),
+        report.unchanged,
+    )
+    return 0
+
+
 def cmd_umount(args: argparse.Namespace) -> int:
     from modelfs.fsd.mount import MountError, unmount
 
@@ -469,6 +489,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve blob-backed files (fuse) or link them to the blobs (symlink)",
     )
     p.set_defaults(func=cmd_mount)
+
+    p = sub.add_parser(
+        "link",
+        parents=[common],
+        help="write an LM Studio or Hugging Face layout of the store as symlinks",
+        description="Write the layout the mount shows at .lmstudio/ (lmstudio) or "
+        ".huggingface/hub/ (hf) into DIR as symlinks into the store's blobs, for a machine "
+        "without FUSE. Run it again to bring DIR up to date: new models are linked, removed "
+        "ones unlinked, and nothing this command did not write is touched.",
+    )
+    p.add_argument("--layout", choices=("lmstudio", "hf"), required=True)
+    p.add_argument("dir", metavar="DIR", type=Path)
+    _add_prefer(p, "variant of a manifest list to link (default: llamacpp,ggml,mlx)")
+    p.set_defaults(func=cmd_link)
 
     p = sub.add_parser("umount", parents=[common], help="unmount a modelfs mount")
     p.add_argument("mountpoint", metavar="MOUNTPOINT", type=Path)

@@ -44,6 +44,7 @@ from modelfs.store.manifest import Manifest, clean_text
 from modelfs.store.names import Name
 from modelfs.store.safetensors import read_header_length, read_safetensors_header_path
 from modelfs.store.scan import DEFAULT_PREFER, Entry, StoreIndex, Variant
+from modelfs.store.toolviews import ToolModel, blob_tensor_names, layout_files, tool_models
 from modelfs.store.views import MergedSafetensors, merge_safetensors, render_modelfile
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,11 @@ MAX_TEXT_BYTES = 1 << 20  # templates, licenses, params shown inside a Modelfile
 # made in a worker thread when its directory is first looked into, never in a build: a
 # 100 MB header (a million tensors, legal) takes seconds to read and merge.
 EAGER_HEADER_BYTES = 4 << 20
+# Where the mount shows other tools' layouts of the store (store.toolviews).
+TOOL_VIEWS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("lmstudio", (".lmstudio",)),
+    ("hf", (".huggingface", "hub")),
+)
 
 
 @dataclass
@@ -126,6 +132,8 @@ class TreeBuilder:
         self.compute_cache: ComputeCache | None = None
         # Which blobs get views, from earlier mounts: a view is made when first looked into.
         self.decisions: Decisions | None = None
+        # The tensor names of safetensors blobs, for the hub cache's index files.
+        self.tensor_names: dict[Digest, tuple[list[str], int] | None] = {}
 
     def build(self, index: StoreIndex) -> NameTree:
         # A build makes ~20 objects per model and keeps them all; the cyclic collector would
@@ -146,7 +154,7 @@ class TreeBuilder:
 
     def _drop_gone(self, index: StoreIndex) -> None:
         """Views of blobs the store no longer has go with them (a mount's life is long)."""
-        for cache in (self.compat, self.mmproj):
+        for cache in (self.compat, self.mmproj, self.tensor_names):
             for digest in [d for d in cache if not index.has_blob(d)]:
                 del cache[digest]
         for key in [k for k in self.merged if not all(index.has_blob(d) for d in k)]:
@@ -224,6 +232,12 @@ class _Build(CompatDirs):
             except Exception:
                 # One model's oddity must not cost the user the whole view.
                 log.exception("%s: not shown", entry.name)
+        models = tool_models(index, self.prefer, lambda m: self._plan(m).files)
+        for layout, top in TOOL_VIEWS:
+            try:
+                self._add_tool_view(root, layout, top, root_mtime, models)
+            except Exception:
+                log.exception("%s: not shown", "/".join(top))
         for key, merged in self.merged_nodes.items():
             merged.links = self.merged_links.get(key, 1)
         nodes, self.nodes = self.nodes, None
@@ -283,6 +297,18 @@ class _Build(CompatDirs):
         self.register(node)
         return node
 
+    def _layer_blob(self, f: ModelFile, path: str) -> BlobNode | None:
+        """The node of a layer's blob when present at the size the manifest says, typed."""
+        blob = self._blob(f.layer.digest, f.layer.media_type)
+        if blob is None or blob.size != f.layer.size:
+            return None
+        if not blob.media_type:
+            blob.media_type = f.layer.media_type
+            blob.xattrs["user.modelfs.media_type"] = f.layer.media_type.encode()
+        if path.endswith(".gguf"):
+            blob.gguf = True  # its header-derived xattrs are read on first getxattr
+        return blob
+
     def _plan(self, manifest: Manifest) -> _Plan:
         plan = self.plans.get(manifest.digest)
         if plan is not None:
@@ -292,15 +318,10 @@ class _Build(CompatDirs):
         missing: list[str] = []
         subdirs = {".ollama"}
         for f in files:
-            blob = self._blob(f.layer.digest, f.layer.media_type)
-            if blob is None or blob.size != f.layer.size:
+            blob = self._layer_blob(f, f.path)
+            if blob is None:
                 missing.append(f"missing blob {f.layer.digest} ({f.path})")
                 continue
-            if not blob.media_type:
-                blob.media_type = f.layer.media_type
-                blob.xattrs["user.modelfs.media_type"] = f.layer.media_type.encode()
-            if f.path.endswith(".gguf"):
-                blob.gguf = True  # its header-derived xattrs are read on first getxattr
             shown.append((f, blob))
             top, sep, _ = f.path.partition("/")
             if sep:
@@ -331,6 +352,36 @@ class _Build(CompatDirs):
         node = BytesNode(self.inodes.get(key), mtime_ns, data=data)
         self.register(node)
         return node
+
+    # -- other tools' layouts (store.toolviews) ------------------------------------------
+    def _add_tool_view(
+        self,
+        root: DirNode,
+        layout: str,
+        top: tuple[str, ...],
+        mtime_ns: int,
+        models: list[ToolModel],
+    ) -> None:
+        """The files `modelfs link --layout` writes, as the same nodes the model directories
+        show (one inode per blob: passthrough, leases and xattrs are theirs)."""
+        base = self._mkdirs(root, top, mtime_ns)
+        mtimes = {m.name.key: m.mtime_ns for m in models}
+        names = blob_tensor_names(self.index, self.builder.tensor_names)
+        for f in layout_files(layout, models, names):
+            parts = f.path.split("/")
+            when = mtimes[f.name.key]
+            holder = self._mkdirs(base, parts[:-1], when)
+            node: Node
+            if f.source is None:
+                node = self._bytes((*top, *parts), f.data, when)
+            else:
+                blob = self._layer_blob(f.source, f.path)
+                if blob is None:
+                    continue
+                node = self._file_node(blob)
+                if self.data != "symlink":
+                    blob.links += 1
+            holder._children[parts[-1]] = node
 
     # -- model directories ---------------------------------------------------------------
     def _add_entry(self, root: DirNode, by_name: DirNode, by_digest: DirNode, entry: Entry) -> None:
