@@ -5,8 +5,15 @@ nothing else. The helper runs as a real process, spoken to over its socket."""
 from __future__ import annotations
 
 import errno
+import mmap
 import os
+import shutil
+import signal
 import socket
+import subprocess
+import sys
+import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +22,8 @@ import pytest
 from modelfs.fsd import privhelper
 from modelfs.fsd.privhelper import BackingHelper
 from tests.builders import TinyStore
+from tests.mounting import MODELFS, fuse
+from tests.test_passthrough import passthrough_missing
 
 
 @pytest.fixture
@@ -138,3 +147,130 @@ def test_capabilities_dropped_are_gone(tmp_path: Path) -> None:
 
 def test_the_socket_is_a_seqpacket_pair(helper: BackingHelper) -> None:
     assert helper.sock.type == socket.SOCK_SEQPACKET
+
+
+# -- the mount as systemd/modelfs-mount.service starts it ------------------------------------
+UNIT = Path(__file__).resolve().parents[1] / "systemd" / "modelfs-mount.service"
+UID = 4242  # the unit's user, made for the test in a namespace of its own
+
+
+def unit_settings() -> dict[str, str]:
+    settings = {}
+    for line in UNIT.read_text().splitlines():
+        key, sep, value = line.partition("=")
+        if sep and not line.startswith("#"):
+            settings[key] = value
+    return settings
+
+
+def setpriv_args(settings: dict[str, str]) -> list[str]:
+    """setpriv doing what systemd does with the unit's User=, Group= and capabilities."""
+    ambient = [c.lower().removeprefix("cap_") for c in settings["AmbientCapabilities"].split()]
+    bounding = [c.lower().removeprefix("cap_") for c in settings["CapabilityBoundingSet"].split()]
+    caps = ",".join(f"+{c}" for c in ambient)
+    return [
+        "setpriv", f"--reuid={settings['User']}", f"--regid={settings['Group']}",
+        "--clear-groups", f"--inh-caps=-all,{caps}", f"--ambient-caps=-all,{caps}",
+        "--bounding-set=-all," + ",".join(f"+{c}" for c in bounding),
+    ]  # fmt: skip
+
+
+def fresh_root_script(work: Path, user: str, group: str) -> str:
+    """Shell lines that make this mount namespace look like a Debian host with Ollama installed:
+    the unit's user exists, /dev/fuse is 0666 and /etc/fuse.conf has user_allow_other (as the
+    README's install sets it), and the interpreter is reachable by that user."""
+    (work / "passwd").write_text(
+        Path("/etc/passwd").read_text() + f"{user}:x:{UID}:{UID}::/nonexistent:/bin/false\n"
+    )
+    (work / "group").write_text(Path("/etc/group").read_text() + f"{group}:x:{UID}:\n")
+    (work / "fuse.conf").write_text("user_allow_other\n")
+    lines = [
+        "set -e",
+        f"mknod -m 0666 {work}/fuse c 10 229",
+        f"mount --bind {work}/fuse /dev/fuse",
+        *(f"mount --bind {work}/{f} /etc/{f}" for f in ("passwd", "group", "fuse.conf")),
+    ]
+    python = Path(os.path.realpath(sys.executable))
+    if python.is_relative_to("/root"):  # 0700: the interpreter of this test run is in there
+        top = Path("/root") / python.relative_to("/root").parts[0]
+        lines += [
+            f"mkdir {work}/keep",
+            f"mount --bind {top} {work}/keep",
+            "mount -t tmpfs -o mode=0755 none /root",
+            f"mkdir {top}",
+            f"mount --bind {work}/keep {top}",
+        ]
+    return "\n".join([*lines, 'exec "$@"'])
+
+
+def capabilities(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(ln for ln in f if ln.startswith("CapEff:")).split()[1], 16)
+
+
+@fuse
+@pytest.mark.skipif(bool(passthrough_missing()), reason=passthrough_missing() or "-")
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)")
+def test_the_mount_as_its_unit_starts_it_reads_blobs_by_passthrough() -> None:
+    settings = unit_settings()
+    assert settings["User"] == "ollama" and settings["AmbientCapabilities"] == "CAP_SYS_ADMIN"
+    work = Path(tempfile.mkdtemp(prefix="modelfs-unit-"))
+    os.chmod(work, 0o755)
+    proc = None
+    try:
+        tiny = TinyStore(work / "models")
+        weights = os.urandom(8 << 20)
+        tiny.gguf_model("m:1", payload=weights)
+        mnt = work / "mnt"
+        mnt.mkdir()
+        for d in (tiny.root, mnt):
+            subprocess.run(["chown", "-R", f"{UID}:{UID}", str(d)], check=True)
+        script = fresh_root_script(work, settings["User"], settings["Group"])
+        # ExecStart=, with the unit's Environment=OLLAMA_MODELS pointing at the test's store.
+        argv = [MODELFS, "mount", "--allow-other", str(mnt)]
+        proc = subprocess.Popen(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
+             *setpriv_args(settings), *argv],
+            env={"OLLAMA_MODELS": str(tiny.root), "PATH": os.environ["PATH"]},
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        # The mount is in the namespace only; its processes' root shows it to the test.
+        seen = Path(f"/proc/{proc.pid}/root") / mnt.relative_to("/")
+        deadline = time.monotonic() + 20
+        while not os.path.ismount(seen):
+            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+            assert time.monotonic() < deadline, "not mounted in 20 s"
+            time.sleep(0.05)
+        with open(f"/proc/{proc.pid}/status") as f:
+            uid_line = next(ln for ln in f if ln.startswith("Uid:"))
+        assert uid_line.split()[1:] == [str(UID)] * 4
+        assert capabilities(proc.pid) == 0  # the mount that parses the store holds nothing
+        (helper_pid,) = (int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+                         .read_text().split())  # fmt: skip
+        assert capabilities(helper_pid) == 1 << privhelper.CAP_SYS_ADMIN
+
+        def daemon_read_bytes() -> int:
+            with open(f"/proc/{proc.pid}/io") as f:
+                return int(next(ln for ln in f if ln.startswith("rchar:")).split()[1])
+
+        path = seen / "m" / "1" / "model.gguf"
+        before = daemon_read_bytes()
+        with open(path, "rb") as f, open(path, "rb") as g:
+            assert f.read() == weights
+            with mmap.mmap(g.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                assert mm[-100:] == weights[-100:]
+        assert daemon_read_bytes() - before < len(weights) // 4  # the kernel read the blob
+    finally:
+        out = ""
+        if proc is not None:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+            sys.stdout.write(out)
+        shutil.rmtree(work, ignore_errors=True)
+    assert "backing files registered by the helper" in out
