@@ -9,6 +9,8 @@ import gzip
 import mmap
 import os
 import platform
+import subprocess
+import sys
 import time
 import types
 from pathlib import Path
@@ -260,3 +262,27 @@ def test_the_kernel_reads_blob_files_itself(tmp_path: Path) -> None:
         # The same blob by another name is the same inode: it shares the backing file.
         assert (mnt / ".blobs" / Digest.of_bytes(weights).blob_name).read_bytes() == weights
         assert daemon_read_bytes() - before < len(weights) // 4
+
+
+def test_why_passthrough_is_off_is_one_line_naming_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    ops, _, _ = blob_ops(tmp_path)
+    monkeypatch.setattr(fsd_ops, "PASSTHROUGH_API", False)  # a plain `pip install`
+    with caplog.at_level("INFO", logger="modelfs.fsd.ops"):
+        ops.init()
+    assert not ops.passthrough
+    (line,) = [r.getMessage() for r in caplog.records]
+    command = f"{sys.executable} -m modelfs build-passthrough"
+    assert "\n" not in line and line.endswith(f"to turn it on for this environment: {command}")
+    # The command is there in every install: `python -m modelfs` of the same environment.
+    done = subprocess.run([*command.split(), "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "--venv" in done.stdout, done.stderr
+    monkeypatch.setattr(fsd_ops, "PASSTHROUGH_API", True)
+    monkeypatch.setattr(pyfuse3, "passthrough_negotiated", lambda: False, raising=False)
+    assert "did not offer it" in ops.passthrough_off()
+    monkeypatch.setattr(pyfuse3, "passthrough_negotiated", lambda: True, raising=False)
+    monkeypatch.setattr(fsd_ops.privhelper, "effective_capabilities", lambda: 0)
+    assert "CAP_SYS_ADMIN" in ops.passthrough_off()  # a user's own mount
+    ops.helper = FakeKernel()
+    assert ops.passthrough_off() == ""  # the systemd unit's: its helper registers them
