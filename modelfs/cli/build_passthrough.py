@@ -32,7 +32,6 @@ requires it). Anything less and the mount serves reads itself, as before.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import shutil
 import subprocess
@@ -41,6 +40,8 @@ import tarfile
 import time
 import urllib.request
 from pathlib import Path
+
+from modelfs.store.digest import sha256_stream
 
 LIBFUSE_VERSION = "3.17.2"
 LIBFUSE_URL = "https://deb.debian.org/debian/pool/main/f/fuse3/fuse3_3.17.2.orig.tar.gz"
@@ -70,11 +71,8 @@ def run(argv: list[str | Path], **kw: object) -> None:
 
 
 def sha256(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
+        return sha256_stream(f)
 
 
 def verified(path: Path, expected: str) -> bool:
