@@ -489,6 +489,7 @@ def test_soak_pulls_and_gc_on_two_hosts_over_a_caching_client(tmp_path: Path) ->
                 t.join(timeout=120)
     failed = [r.stderr for r in pulls if r.returncode != 0]
     assert not failed, failed
+
     # A run that refused over a file it could not read deleted nothing: fail-closed, as it
     # must be. The caching client does show such files now and then (EIO, or a link seen as
     # a directory, while the real filesystem reuses a replaced file's inode number); what

@@ -24,6 +24,7 @@ from modelfs.fsd.privhelper import BackingHelper
 from tests.builders import TinyStore
 from tests.mounting import MODELFS, fuse
 from tests.test_passthrough import passthrough_missing
+from tests.unitmount import UID, capabilities, namespaced_argv, seen_from_outside, unit_settings
 
 
 @pytest.fixture
@@ -150,64 +151,6 @@ def test_the_socket_is_a_seqpacket_pair(helper: BackingHelper) -> None:
 
 
 # -- the mount as systemd/modelfs-mount.service starts it ------------------------------------
-UNIT = Path(__file__).resolve().parents[1] / "systemd" / "modelfs-mount.service"
-UID = 4242  # the unit's user, made for the test in a namespace of its own
-
-
-def unit_settings() -> dict[str, str]:
-    settings = {}
-    for line in UNIT.read_text().splitlines():
-        key, sep, value = line.partition("=")
-        if sep and not line.startswith("#"):
-            settings[key] = value
-    return settings
-
-
-def setpriv_args(settings: dict[str, str]) -> list[str]:
-    """setpriv doing what systemd does with the unit's User=, Group= and capabilities."""
-    ambient = [c.lower().removeprefix("cap_") for c in settings["AmbientCapabilities"].split()]
-    bounding = [c.lower().removeprefix("cap_") for c in settings["CapabilityBoundingSet"].split()]
-    caps = ",".join(f"+{c}" for c in ambient)
-    return [
-        "setpriv", f"--reuid={settings['User']}", f"--regid={settings['Group']}",
-        "--clear-groups", f"--inh-caps=-all,{caps}", f"--ambient-caps=-all,{caps}",
-        "--bounding-set=-all," + ",".join(f"+{c}" for c in bounding),
-    ]  # fmt: skip
-
-
-def fresh_root_script(work: Path, user: str, group: str) -> str:
-    """Shell lines that make this mount namespace look like a Debian host with Ollama installed:
-    the unit's user exists, /dev/fuse is 0666 and /etc/fuse.conf has user_allow_other (as the
-    README's install sets it), and the interpreter is reachable by that user."""
-    (work / "passwd").write_text(
-        Path("/etc/passwd").read_text() + f"{user}:x:{UID}:{UID}::/nonexistent:/bin/false\n"
-    )
-    (work / "group").write_text(Path("/etc/group").read_text() + f"{group}:x:{UID}:\n")
-    (work / "fuse.conf").write_text("user_allow_other\n")
-    lines = [
-        "set -e",
-        f"mknod -m 0666 {work}/fuse c 10 229",
-        f"mount --bind {work}/fuse /dev/fuse",
-        *(f"mount --bind {work}/{f} /etc/{f}" for f in ("passwd", "group", "fuse.conf")),
-    ]
-    python = Path(os.path.realpath(sys.executable))
-    if python.is_relative_to("/root"):  # 0700: the interpreter of this test run is in there
-        top = Path("/root") / python.relative_to("/root").parts[0]
-        lines += [
-            f"mkdir {work}/keep",
-            f"mount --bind {top} {work}/keep",
-            "mount -t tmpfs -o mode=0755 none /root",
-            f"mkdir {top}",
-            f"mount --bind {work}/keep {top}",
-        ]
-    return "\n".join([*lines, 'exec "$@"'])
-
-
-def capabilities(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        return int(next(ln for ln in f if ln.startswith("CapEff:")).split()[1], 16)
-
-
 @fuse
 @pytest.mark.skipif(bool(passthrough_missing()), reason=passthrough_missing() or "-")
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)")
@@ -225,17 +168,15 @@ def test_the_mount_as_its_unit_starts_it_reads_blobs_by_passthrough() -> None:
         mnt.mkdir()
         for d in (tiny.root, mnt):
             subprocess.run(["chown", "-R", f"{UID}:{UID}", str(d)], check=True)
-        script = fresh_root_script(work, settings["User"], settings["Group"])
         # ExecStart=, with the unit's Environment=OLLAMA_MODELS pointing at the test's store.
-        argv = [MODELFS, "mount", "--allow-other", str(mnt)]
         proc = subprocess.Popen(
-            ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
-             *setpriv_args(settings), *argv],
+            namespaced_argv(work, [MODELFS, "mount", "--allow-other", str(mnt)]),
             env={"OLLAMA_MODELS": str(tiny.root), "PATH": os.environ["PATH"]},
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
         # The mount is in the namespace only; its processes' root shows it to the test.
-        seen = Path(f"/proc/{proc.pid}/root") / mnt.relative_to("/")
+        seen = seen_from_outside(proc.pid, mnt)
         deadline = time.monotonic() + 20
         while not os.path.ismount(seen):
             assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
