@@ -120,6 +120,41 @@ def _guarded(
     return wrapper
 
 
+# Served reads land in the FUSE file's page cache; the blob's own pages that the daemon read to
+# serve them would be a second copy (1 GiB read cached as 2). A read that had to go to the disk
+# starts a stream whose blob pages are dropped once copied, for as far as the blob's read-ahead
+# may have brought pages in; pages that were cached before (another reader's) are kept, and
+# mapped ones are never dropped (POSIX_FADV_DONTNEED skips them). The blob's page cache holds
+# folios of up to 2 MiB, and DONTNEED drops only folios wholly inside its range: so whole 2 MiB
+# steps, behind the reads.
+DROP_AHEAD = 32 << 20
+DROP_STEP = 2 << 20
+
+
+def _read_blob(handle: _Handle, off: int, size: int) -> bytes:
+    fd = handle.fd
+    if off >= handle.drop_until and size > 0:
+        try:
+            # Its last byte is cached: the read costs no disk I/O (a miss raises EAGAIN).
+            os.preadv(fd, [bytearray(1)], off + size - 1, os.RWF_NOWAIT)
+        except BlockingIOError:
+            handle.drop_until = off + size
+            handle.dropped_to = off - off % DROP_STEP
+        except OSError:
+            pass  # RWF_NOWAIT unsupported here (EOPNOTSUPP): keep the blob's pages
+    # A pread of page-cached data is faster than a thread hop, and FUSE reads are at most
+    # 1 MiB, so this stalls other requests only briefly.
+    data = os.pread(fd, size, off)
+    if off < handle.drop_until and data:
+        end = off + len(data)
+        handle.drop_until = max(handle.drop_until, end + DROP_AHEAD)
+        end -= end % DROP_STEP
+        if end > handle.dropped_to:
+            os.posix_fadvise(fd, handle.dropped_to, end - handle.dropped_to, os.POSIX_FADV_DONTNEED)
+            handle.dropped_to = end
+    return data
+
+
 @dataclass
 class _Handle:
     node: Node
@@ -128,6 +163,8 @@ class _Handle:
     digests: tuple[Digest, ...] = ()  # held in the mount's lease while open
     backing_id: int = 0  # > 0: the kernel reads the blob itself (passthrough)
     served: bool = False  # a blob file whose reads the daemon serves
+    drop_until: int = 0  # served reads below this offset leave the blob's page cache
+    dropped_to: int = 0  # up to where they have left it
 
 
 async def _prepared(node: DirNode) -> None:
@@ -457,9 +494,7 @@ class ModelOperations(pyfuse3.Operations):
         node = handle.node
         try:
             if isinstance(node, BlobNode):
-                # A pread of page-cached data is faster than a thread hop, and FUSE reads are
-                # at most 1 MiB, so this stalls other requests only briefly.
-                return os.pread(handle.fd, size, off)
+                return _read_blob(handle, off, size)
             if isinstance(node, BytesNode):
                 return node.data[off : off + size]
             if isinstance(node, MergedNode):
