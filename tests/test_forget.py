@@ -124,8 +124,9 @@ def test_a_real_mount_forgets_and_still_serves_what_the_kernel_holds(tmp_path: P
                     os.stat(os.path.join(dirpath, name))
             assert (mnt / "keep" / "1" / "model.gguf").read_bytes() == b"stays"
             digest = Digest.of_bytes(b"weights 7" * 100)
-            assert os.getxattr(mnt / "m" / "1" / "model.gguf", "user.modelfs.digest") == str(
-                digest
-            ).encode()
+            assert (
+                os.getxattr(mnt / "m" / "1" / "model.gguf", "user.modelfs.digest")
+                == str(digest).encode()
+            )
         finally:
             held.close()

@@ -9,6 +9,9 @@ import gzip
 import mmap
 import os
 import platform
+import shutil
+import subprocess
+import sys
 import time
 import types
 from pathlib import Path
@@ -260,3 +263,71 @@ def test_the_kernel_reads_blob_files_itself(tmp_path: Path) -> None:
         # The same blob by another name is the same inode: it shares the backing file.
         assert (mnt / ".blobs" / Digest.of_bytes(weights).blob_name).read_bytes() == weights
         assert daemon_read_bytes() - before < len(weights) // 4
+
+
+def test_why_passthrough_is_off_is_one_line_naming_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    ops, _, _ = blob_ops(tmp_path)
+    monkeypatch.setattr(fsd_ops, "PASSTHROUGH_API", False)  # a plain `pip install`
+    with caplog.at_level("INFO", logger="modelfs.fsd.ops"):
+        ops.init()
+    assert not ops.passthrough
+    (line,) = [r.getMessage() for r in caplog.records]
+    command = f"{sys.executable} -m modelfs build-passthrough"
+    assert "\n" not in line and line.endswith(f"to turn it on for this environment: {command}")
+    # The command is there in every install: `python -m modelfs` of the same environment.
+    done = subprocess.run([*command.split(), "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "--venv" in done.stdout, done.stderr
+    monkeypatch.setattr(fsd_ops, "PASSTHROUGH_API", True)
+    monkeypatch.setattr(pyfuse3, "passthrough_negotiated", lambda: False, raising=False)
+    assert "did not offer it" in ops.passthrough_off()
+    monkeypatch.setattr(pyfuse3, "passthrough_negotiated", lambda: True, raising=False)
+    monkeypatch.setattr(fsd_ops.privhelper, "effective_capabilities", lambda: 0)
+    assert "CAP_SYS_ADMIN" in ops.passthrough_off()  # a user's own mount
+    ops.helper = FakeKernel()
+    assert ops.passthrough_off() == ""  # the systemd unit's: its helper registers them
+
+
+def cached_bytes(path: Path) -> int:
+    done = subprocess.run(
+        ["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)],
+        capture_output=True, text=True, check=True, timeout=30,
+    )  # fmt: skip
+    return int(done.stdout.strip())
+
+
+def uncache(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(shutil.which("fincore") is None, reason="needs fincore (util-linux)")
+async def test_served_reads_leave_one_copy_in_the_page_cache(tmp_path: Path) -> None:
+    """Without passthrough the kernel caches what the mount serves in the FUSE file's pages;
+    the blob's pages the mount read from disk for it are dropped, those cached before kept."""
+    tiny = TinyStore(tmp_path / "models")
+    weights = os.urandom(16 << 20)
+    tiny.gguf_model("m:1", payload=weights)
+    tree = TreeBuilder(InodeTable()).build(scan_store(tiny.root))
+    ops = ModelOperations(tree, 0, 0, tiny.root)  # passthrough off, as at a user's INIT
+    node = next(n for n in tree.blob_nodes.values() if n.size == len(weights))
+
+    async def read_all() -> bytes:
+        info = await opened(ops, node)
+        chunks = [await ops.read(info.fh, off, 128 << 10) for off in range(0, node.size, 128 << 10)]
+        await ops.release(info.fh)
+        return b"".join(chunks)
+
+    uncache(node.path)
+    assert cached_bytes(node.path) == 0
+    assert await read_all() == weights
+    assert cached_bytes(node.path) <= 2 << 20  # at most the last, partly read step
+    node.path.read_bytes()  # another reader of the store's file
+    assert cached_bytes(node.path) == len(weights)
+    assert await read_all() == weights
+    assert cached_bytes(node.path) == len(weights)

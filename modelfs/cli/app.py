@@ -160,6 +160,12 @@ def cmd_link(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_build_passthrough(args: argparse.Namespace) -> int:
+    from modelfs.cli.build_passthrough import main as build_main
+
+    return build_main(args.rest)
+
+
 def cmd_umount(args: argparse.Namespace) -> int:
     from modelfs.fsd.mount import MountError, unmount
 
@@ -504,6 +510,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_prefer(p, "variant of a manifest list to link (default: llamacpp,ggml,mlx)")
     p.set_defaults(func=cmd_link)
 
+    p = sub.add_parser(
+        "build-passthrough",
+        help="build FUSE passthrough (libfuse 3.17, a patched pyfuse3) into this environment",
+        add_help=False,
+    )
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_build_passthrough)
+
     p = sub.add_parser("umount", parents=[common], help="unmount a modelfs mount")
     p.add_argument("mountpoint", metavar="MOUNTPOINT", type=Path)
     p.set_defaults(func=cmd_umount)
@@ -754,6 +768,10 @@ def _os_error(exc: OSError) -> str:
 
 def run(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["build-passthrough"]:  # its own options, --help included
+        args = argparse.Namespace(func=cmd_build_passthrough, rest=argv[1:], verbose=0, quiet=0)
+        return cmd_build_passthrough(args)
     args = parser.parse_args(argv)
     _setup_logging(args)
     func: Callable[[argparse.Namespace], int] = args.func

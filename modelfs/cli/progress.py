@@ -1,9 +1,9 @@
 """How `modelfs pull` shows a pull's progress (modelfs/sync/progress.py has the events):
 
-    JsonProgress(stream)      one JSON object per line, the shape of Ollama's /api/pull
-                              stream: {"status"[, "digest", "total", "completed"]}
-    BarProgress(stream)       one redrawn line per model on a terminal
-    LineProgress(logger)      plain log lines (stderr that is not a terminal)
+JsonProgress(stream)      one JSON object per line, the shape of Ollama's /api/pull
+                          stream: {"status"[, "digest", "total", "completed"]}
+BarProgress(stream)       one redrawn line per model on a terminal
+LineProgress(logger)      plain log lines (stderr that is not a terminal)
 """
 
 from __future__ import annotations
@@ -56,7 +56,6 @@ class JsonProgress:
 
     def error(self, message: str) -> None:
         self._emit({"error": message})
-
 
 
 class BarProgress:

@@ -151,7 +151,6 @@ class TreeBuilder:
             if gc_was_enabled:
                 gc.enable()
 
-
     def _drop_gone(self, index: StoreIndex) -> None:
         """Views of blobs the store no longer has go with them (a mount's life is long)."""
         for cache in (self.compat, self.mmproj, self.tensor_names):

@@ -139,9 +139,7 @@ class CompatDirs:
                 made += 1
         return made
 
-    def _compat_shape(
-        self, plan: _Plan, v: Variant
-    ) -> tuple[list[tuple[Digest, str]], list[str]]:
+    def _compat_shape(self, plan: _Plan, v: Variant) -> tuple[list[tuple[Digest, str]], list[str]]:
         """The files `llama.cpp/` will hold (source blob, kind), and why any view is not
         shown: `_compat_files` told from the decisions, so that nothing is read for a model
         decided before."""

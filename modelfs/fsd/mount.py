@@ -15,7 +15,7 @@ from pathlib import Path
 import pyfuse3
 import trio
 
-from modelfs.fsd import loop
+from modelfs.fsd import loop, privhelper
 from modelfs.fsd.builder import NameTree, TreeBuilder
 from modelfs.fsd.nodes import DirNode, InodeTable
 from modelfs.fsd.ops import ModelOperations
@@ -109,6 +109,7 @@ class Mount:
         self.scan_cache = ScanCache()  # a rescan re-reads only the tag files that changed
         self._rescan_asked = False  # by SIGHUP
         self._waiting = trio.CancelScope()  # the watch loop's current wait, cut short by SIGHUP
+        self.helper: privhelper.BackingHelper | None = None
 
     def _store_readable(self) -> bool:
         try:
@@ -151,13 +152,47 @@ class Mount:
             raise MountError(f"mount point {self.mountpoint} is not a directory")
         if os.path.ismount(self.mountpoint):
             raise MountError(f"{self.mountpoint} is already a mount point")
-        # Watch first, then scan: a change made meanwhile is in the scan or wakes the watch.
-        self.watch = self._open_watch()
+        # Before anything of the store is read: only the helper keeps CAP_SYS_ADMIN.
+        self.helper = self._split_privileges()
         try:
-            self._mount_and_serve()
+            # Watch first, then scan: a change made meanwhile is in the scan or wakes the watch.
+            self.watch = self._open_watch()
+            try:
+                self._mount_and_serve()
+            finally:
+                if self.watch is not None:
+                    self.watch.close()
         finally:
-            if self.watch is not None:
-                self.watch.close()
+            if self.helper is not None:
+                self.helper.close()
+
+    def _split_privileges(self) -> privhelper.BackingHelper | None:
+        """A mount started as a plain user with CAP_SYS_ADMIN (systemd/modelfs-mount.service)
+        leaves the capability to a helper that only registers backing files, and drops it."""
+        if not privhelper.wants_helper():
+            return None
+        helper = None
+        try:
+            helper = privhelper.BackingHelper.spawn(self.layout.root)
+        except OSError as exc:
+            log.warning("cannot start the passthrough helper: %s", exc)
+        try:
+            privhelper.drop_capabilities()
+        except OSError as exc:
+            if helper is not None:
+                helper.close()
+            raise MountError(f"cannot drop CAP_SYS_ADMIN: {exc.strerror}") from None
+        return helper
+
+    def _attach_helper(self) -> None:
+        if self.helper is None:
+            return
+        try:
+            self.helper.attach(privhelper.fuse_device_fd())
+        except OSError as exc:
+            log.warning("passthrough helper: %s", exc.strerror)
+            return
+        self.ops.helper = self.helper
 
     def _mount_and_serve(self) -> None:
         tree = self._scan()
@@ -170,6 +205,7 @@ class Mount:
             pyfuse3.init(self.ops, str(self.mountpoint), options)
         except RuntimeError as exc:
             raise MountError(f"cannot mount on {self.mountpoint}: {exc}") from None
+        self._attach_helper()  # before INIT, which asks whether passthrough can work
         clean = False
         try:
             trio.run(self._main)

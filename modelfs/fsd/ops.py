@@ -11,15 +11,18 @@ import functools
 import itertools
 import logging
 import os
+import platform
 import stat
+import sys
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeVar, cast
 
 import pyfuse3
 import trio
 
+from modelfs.fsd import privhelper
 from modelfs.fsd.builder import NameTree
 from modelfs.fsd.loop import handing_off
 from modelfs.fsd.nodes import (
@@ -67,6 +70,18 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 # blob, in the blob's own page cache. It takes a pyfuse3 built by scripts/build-passthrough, a
 # kernel >= 6.9 and CAP_SYS_ADMIN; short of that, reads come through the daemon as before.
 PASSTHROUGH_API = hasattr(pyfuse3, "backing_open")
+# What turns it on for the environment this modelfs runs in (a venv, pipx, a system Python).
+BUILD_COMMAND = f"{sys.executable} -m modelfs build-passthrough"
+
+
+class BackingFiles(Protocol):
+    """Who registers backing files with the kernel: pyfuse3 itself (a mount holding
+    CAP_SYS_ADMIN), or the systemd mount's helper (modelfs/fsd/privhelper.py)."""
+
+    def backing_open(self, fd: int) -> int: ...
+    def backing_close(self, backing_id: int) -> None: ...
+
+
 # The `type: ignore[attr-defined]`/`[call-arg]` below are for a stock pyfuse3, whose stubs lack
 # that build's additions; pyproject.toml lets them go unused where the patched stubs are in.
 
@@ -105,6 +120,41 @@ def _guarded(
     return wrapper
 
 
+# Served reads land in the FUSE file's page cache; the blob's own pages that the daemon read to
+# serve them would be a second copy (1 GiB read cached as 2). A read that had to go to the disk
+# starts a stream whose blob pages are dropped once copied, for as far as the blob's read-ahead
+# may have brought pages in; pages that were cached before (another reader's) are kept, and
+# mapped ones are never dropped (POSIX_FADV_DONTNEED skips them). The blob's page cache holds
+# folios of up to 2 MiB, and DONTNEED drops only folios wholly inside its range: so whole 2 MiB
+# steps, behind the reads.
+DROP_AHEAD = 32 << 20
+DROP_STEP = 2 << 20
+
+
+def _read_blob(handle: _Handle, off: int, size: int) -> bytes:
+    fd = handle.fd
+    if off >= handle.drop_until and size > 0:
+        try:
+            # Its last byte is cached: the read costs no disk I/O (a miss raises EAGAIN).
+            os.preadv(fd, [bytearray(1)], off + size - 1, os.RWF_NOWAIT)
+        except BlockingIOError:
+            handle.drop_until = off + size
+            handle.dropped_to = off - off % DROP_STEP
+        except OSError:
+            pass  # RWF_NOWAIT unsupported here (EOPNOTSUPP): keep the blob's pages
+    # A pread of page-cached data is faster than a thread hop, and FUSE reads are at most
+    # 1 MiB, so this stalls other requests only briefly.
+    data = os.pread(fd, size, off)
+    if off < handle.drop_until and data:
+        end = off + len(data)
+        handle.drop_until = max(handle.drop_until, end + DROP_AHEAD)
+        end -= end % DROP_STEP
+        if end > handle.dropped_to:
+            os.posix_fadvise(fd, handle.dropped_to, end - handle.dropped_to, os.POSIX_FADV_DONTNEED)
+            handle.dropped_to = end
+    return data
+
+
 @dataclass
 class _Handle:
     node: Node
@@ -113,6 +163,8 @@ class _Handle:
     digests: tuple[Digest, ...] = ()  # held in the mount's lease while open
     backing_id: int = 0  # > 0: the kernel reads the blob itself (passthrough)
     served: bool = False  # a blob file whose reads the daemon serves
+    drop_until: int = 0  # served reads below this offset leave the blob's page cache
+    dropped_to: int = 0  # up to where they have left it
 
 
 async def _prepared(node: DirNode) -> None:
@@ -175,13 +227,41 @@ class ModelOperations(pyfuse3.Operations):
         self._backing: dict[int, list[int]] = {}  # inode -> [backing id, opens using it]
         self._idle_backing: dict[int, float] = {}  # inode -> when its unused id is closed
         self._served: dict[int, int] = {}  # blob file inode -> its opens the daemon serves
+        self.helper: BackingFiles | None = None  # set by the mount when its helper is up
+
+    @property
+    def backing_files(self) -> BackingFiles:
+        # Looked up at each call: tests stand in for the kernel by patching pyfuse3.
+        return self.helper or cast(BackingFiles, pyfuse3)
 
     def init(self) -> None:
-        self.passthrough = PASSTHROUGH_API and pyfuse3.passthrough_negotiated()  # type: ignore[attr-defined]
+        why = self.passthrough_off()
+        self.passthrough = not why
         if self.passthrough:
-            log.info("FUSE passthrough: the kernel reads blob files itself")
+            via = " (backing files registered by the helper)" if self.helper else ""
+            log.info("FUSE passthrough: the kernel reads blob files itself%s", via)
         else:
-            log.info("no FUSE passthrough here: the mount serves reads itself")
+            log.info("FUSE passthrough off, the mount serves reads itself: %s", why)
+
+    def passthrough_off(self) -> str:
+        """Why this mount cannot use FUSE passthrough, in words for its log; "" if it can."""
+        if not PASSTHROUGH_API:
+            return (
+                f"pyfuse3 {pyfuse3.__version__} cannot ask for it; "
+                f"to turn it on for this environment: {BUILD_COMMAND}"
+            )
+        if not pyfuse3.passthrough_negotiated():  # type: ignore[attr-defined]
+            return (
+                f"the kernel (Linux {platform.release()}) did not offer it at INIT "
+                "(it takes Linux >= 6.9 with CONFIG_FUSE_PASSTHROUGH)"
+            )
+        has_cap = privhelper.effective_capabilities() & (1 << privhelper.CAP_SYS_ADMIN)
+        if self.helper is None and not has_cap:
+            return (
+                "backing files take CAP_SYS_ADMIN, which this mount does not hold "
+                "(as root it does; systemd/modelfs-mount.service gives it to a helper)"
+            )
+        return ""
 
     def swap(self, tree: NameTree) -> None:
         # Old inodes the kernel still holds (open files, cached dentries) stay resolvable, and
@@ -371,7 +451,7 @@ class ModelOperations(pyfuse3.Operations):
         if not self.passthrough or self._served.get(inode):
             return 0
         try:
-            backing_id: int = pyfuse3.backing_open(fd)  # type: ignore[attr-defined]
+            backing_id = self.backing_files.backing_open(fd)
         except OSError as exc:
             if exc.errno == errno.EPERM:
                 self.passthrough = False
@@ -414,9 +494,7 @@ class ModelOperations(pyfuse3.Operations):
         node = handle.node
         try:
             if isinstance(node, BlobNode):
-                # A pread of page-cached data is faster than a thread hop, and FUSE reads are
-                # at most 1 MiB, so this stalls other requests only briefly.
-                return os.pread(handle.fd, size, off)
+                return _read_blob(handle, off, size)
             if isinstance(node, BytesNode):
                 return node.data[off : off + size]
             if isinstance(node, MergedNode):
@@ -467,7 +545,7 @@ class ModelOperations(pyfuse3.Operations):
                 del self._idle_backing[inode]
                 backing_id = self._backing.pop(inode)[0]
                 try:
-                    pyfuse3.backing_close(backing_id)  # type: ignore[attr-defined]
+                    self.backing_files.backing_close(backing_id)
                 except OSError as exc:
                     log.warning("closing backing id %d: %s", backing_id, exc.strerror)
 

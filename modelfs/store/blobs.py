@@ -108,9 +108,7 @@ class BlobStore:
         fsync_dir(self.layout.blobs)
         return target
 
-    def put_stream(
-        self, src: BinaryIO | io.RawIOBase, expected: Digest | None = None
-    ) -> Digest:
+    def put_stream(self, src: BinaryIO | io.RawIOBase, expected: Digest | None = None) -> Digest:
         """Copy a stream into a new blob, hashing as it goes; verify against `expected`."""
         with self.temp_file() as (f, temp):
             h = hashlib.sha256()

@@ -119,6 +119,16 @@ class FuseMount:
     proc: subprocess.Popen[bytes] | None = None
     ready_s: float = 0.0
     log: Path | None = None
+    namespaced: bool = False  # mounted in a mount namespace of its own (tests/unitmount.py)
+
+    @property
+    def view(self) -> Path:
+        """The mount point as this process can open it."""
+        if not self.namespaced:
+            return self.mountpoint
+        from tests.unitmount import seen_from_outside
+
+        return seen_from_outside(self.pid, self.mountpoint)
 
     def start(self, timeout: float = 30.0) -> FuseMount:
         self.mountpoint.mkdir(parents=True, exist_ok=True)
@@ -131,7 +141,7 @@ class FuseMount:
         finally:
             if self.log:
                 err.close()  # type: ignore[union-attr]
-        while not os.path.ismount(self.mountpoint):
+        while not os.path.ismount(self.view):
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with {self.proc.returncode}{self._tail()}")
             if time.perf_counter() - t0 > timeout:
@@ -181,6 +191,24 @@ def modelfs_mount(
 ) -> FuseMount:
     argv = [str(MODELFS), "mount", "-q", "--store", str(store), *extra, str(mountpoint)]
     return FuseMount(argv, mountpoint, "modelfs", log=log)
+
+
+def modelfs_unit_mount(
+    store: Path, mountpoint: Path, work: Path, log: Path | None = None, *, unit: bool = True
+) -> FuseMount:
+    """`modelfs mount` as systemd/modelfs-mount.service runs it (its user, group and
+    capabilities), or with unit=False as that user's own mount (no capability), each in a
+    mount namespace set up in `work` (tests/unitmount.py). The store must be readable by
+    that user; the mount point is made theirs."""
+    from tests.unitmount import UID, namespaced_argv
+
+    for d in (work, mountpoint):
+        d.mkdir(parents=True, exist_ok=True)
+    os.chown(mountpoint, UID, UID)
+    argv = [str(MODELFS), "mount", "-q", "--store", str(store), "--allow-other", str(mountpoint)]
+    name = "modelfs unit" if unit else "modelfs user"
+    return FuseMount(namespaced_argv(work, argv, unit=unit), mountpoint, name, log=log,
+                     namespaced=True)  # fmt: skip
 
 
 def bindfs_mount(source: Path, mountpoint: Path, log: Path | None = None) -> FuseMount:
