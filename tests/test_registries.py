@@ -370,3 +370,49 @@ def test_serve_names_are_what_skopeo_accepts(tmp_path: Path) -> None:
         )
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout)["Tags"] == ["Q4_K_M"]
+
+
+# -- the daemon and verify --repair-from ---------------------------------------------------------
+def test_daemon_replicates_a_private_model_with_docker_credentials(
+    source: TinyStore, tmp_path: Path
+) -> None:
+    """The sync daemon lists a token registry's catalog and pulls from it with docker's
+    credentials; its status, metrics and log never hold the password."""
+    from tests.test_daemon import complete, daemon, wait_until
+
+    with token_registry(tmp_path, "--cdn") as reg:
+        creds = docker_config(tmp_path / "docker", auths(reg.url))
+        push(source, reg.url, PRIVATE, creds)
+        with daemon(
+            tmp_path,
+            "b",
+            env=creds,
+            store=str(tmp_path / "b"),
+            peers=[reg.url],
+            replicate=["private/*"],
+            interval="1s",
+        ) as d:
+            wait_until(lambda: complete(tmp_path / "b", PRIVATE), what="the private model")
+            same_model(source, tmp_path / "b", PRIVATE)
+            seen = json.dumps(d.status()) + httpx.get(f"{d.url}/metrics", timeout=10).text
+            assert PASSWORD not in seen + d.text()
+        assert {"registry:catalog:*"} <= {s for t in reg.stats()["tokens"] for s in t["scopes"]}
+
+
+def test_verify_repairs_from_a_token_registry(source: TinyStore, tmp_path: Path) -> None:
+    with token_registry(tmp_path, "--cdn") as reg:
+        creds = docker_config(tmp_path / "docker", auths(reg.url))
+        push(source, reg.url, PRIVATE, creds)
+        dst = tmp_path / "dst"
+        assert pull(dst, reg.url, PRIVATE, env=creds).returncode == 0
+        big = max((dst / "blobs").iterdir(), key=lambda p: p.stat().st_size)
+        data = bytearray(big.read_bytes())
+        data[100] ^= 0xFF
+        big.write_bytes(bytes(data))
+        args = ("verify", "--store", str(dst), "--repair-from", reg.url)
+        r = modelfs(*args, env=docker_config(tmp_path / "empty", {}))
+        assert r.returncode == 1
+        assert "refused repository:private/secret:pull without credentials" in r.stdout + r.stderr
+        r = modelfs(*args, env=creds)
+        assert r.returncode == 0, r.stdout + r.stderr
+        same_model(source, dst, PRIVATE)

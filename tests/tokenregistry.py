@@ -13,6 +13,7 @@ What it does, as Docker Hub, GHCR or Harbor do (the distribution project's token
 - `--cdn`: blob GETs are 307 redirects to a second listener (the "CDN") with a signed URL; the
   CDN answers 400 to any request carrying `Authorization`, as S3 does;
 - `--throttle N`: the first N manifest and blob GETs are 429 with `Retry-After: 1`;
+- `_catalog` to signed-in users (scope `registry:catalog:*`);
 - pushes: POST/PATCH/PUT uploads and manifest PUTs, kept in memory and in `--dir`.
 
 `GET /_stats` (no sign-in) is what it saw: token requests (user, scopes), requests (method,
@@ -60,6 +61,8 @@ class State:
 def _grant(state: State, user: str | None, scope: str) -> set[tuple[str, str]]:
     kind, _, rest = scope.partition(":")
     repo, _, actions = rest.rpartition(":")
+    if scope == "registry:catalog:*":
+        return {("catalog", "*")} if user is not None else set()
     if kind != "repository":
         return set()
     granted = set()
@@ -141,6 +144,14 @@ class Handler(BaseHTTPRequestHandler):
                 self._json(200, {})
             else:
                 self._challenge(None)
+            return
+        if rest == "_catalog":
+            if not self._allowed(auth, "catalog", "*"):
+                self._challenge("registry:catalog:*")
+                return
+            with s.lock:
+                repos = sorted({r for (r, _) in s.manifests})
+            self._json(200, {"repositories": repos})
             return
         for marker in ("/blobs/uploads/", "/manifests/", "/blobs/", "/tags/list"):
             if marker in rest:
