@@ -177,10 +177,13 @@ def test_push_and_pull_through_the_token_flow(source: TinyStore, tmp_path: Path)
         assert f"{host} refused repository:private/secret:pull without credentials" in line
         assert f"docker login {host}" in line
 
-        r = pull(tmp_path / "private", reg.url, PRIVATE, env=creds)
+        r = pull(tmp_path / "private", reg.url, PRIVATE, "-v", env=creds)
         assert r.returncode == 0, r.stderr
         same_model(source, tmp_path / "private", PRIVATE)
-        assert PASSWORD not in r.stderr + r.stdout
+        basic = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+        assert "HTTP Request" in r.stderr  # -v: httpx's debug lines are there
+        for secret in (PASSWORD, basic):
+            assert secret not in r.stderr + r.stdout
 
 
 def test_wrong_password_is_one_line_without_the_secret(source: TinyStore, tmp_path: Path) -> None:
@@ -265,6 +268,70 @@ def test_retry_after_and_expired_tokens(source: TinyStore, tmp_path: Path) -> No
         assert elapsed >= 1  # the three waits overlap: blobs are fetched in parallel
         anonymous = [t for t in stats["tokens"] if t.get("user") is None]
         assert len(anonymous) >= 2  # the first ran out while 429s were waited out
+
+
+def test_a_retry_after_beyond_the_bound_is_not_waited_for(tmp_path: Path) -> None:
+    with token_registry(tmp_path, "--throttle", "100", "--retry-after", "3600") as reg:
+        t0 = time.monotonic()
+        r = pull(tmp_path / "dst", reg.url, PUBLIC, env=docker_config(tmp_path / "e", {}))
+        assert r.returncode == 1
+        assert time.monotonic() - t0 < 30
+        assert "HTTP 429" in error_line(r.stderr)
+
+
+def test_logins_read_docker_config_as_docker_does(tmp_path: Path) -> None:
+    from modelfs.sync.credentials import Logins
+
+    config = tmp_path / "config.json"
+    basic = base64.b64encode(b"hubuser:hubpass").decode()
+    config.write_text(
+        json.dumps(
+            {
+                "auths": {
+                    "https://index.docker.io/v1/": {"auth": basic},
+                    "ghcr.io": {"username": "me", "password": "pat"},
+                    "https://acr.example:5000": {"identitytoken": "refresh-me"},
+                    "broken.example": {"auth": "not base64!"},
+                }
+            }
+        )
+    )
+    logins = Logins(docker_config=config)
+    hub = logins.for_registry("registry-1.docker.io")
+    assert hub is not None and (hub.user, hub.secret) == ("hubuser", "hubpass")
+    ghcr = logins.for_registry("GHCR.io")
+    assert ghcr is not None and (ghcr.user, ghcr.secret) == ("me", "pat")
+    acr = logins.for_registry("acr.example:5000")
+    assert acr is not None and acr.identity_token and "refresh-me" not in acr.who
+    assert logins.for_registry("quay.io") is None
+    from modelfs.sync.credentials import CredentialsError
+
+    with pytest.raises(CredentialsError, match="not base64"):
+        logins.for_registry("broken.example")
+    assert "hubpass" not in repr(hub) and "hubpass" not in hub.who
+
+
+def test_challenges_and_scopes() -> None:
+    from modelfs.sync.tokenauth import parse_challenges, scope_for
+
+    [c] = parse_challenges(
+        [
+            'Bearer realm="https://auth.docker.io/token",service="registry.docker.io",'
+            'scope="repository:library/x:pull repository:a/b:pull,push",error="invalid_token"'
+        ]
+    )
+    assert c.scheme == "bearer" and c.params["realm"] == "https://auth.docker.io/token"
+    assert c.scopes == ["repository:library/x:pull", "repository:a/b:pull,push"]
+    [b] = parse_challenges(['Basic realm="Registry Realm"'])
+    assert b.scheme == "basic" and b.params == {"realm": "Registry Realm"}
+    u = "https://r.io/v2/hf.co/a/b/blobs/sha256:00"
+    assert scope_for(u, "GET", False) == "repository:hf.co/a/b:pull"
+    assert scope_for(u, "HEAD", True) == "repository:hf.co/a/b:pull,push"
+    assert scope_for("https://r.io/v2/a/b/blobs/uploads/xyz?digest=1", "PUT", False) == (
+        "repository:a/b:pull,push"
+    )
+    assert scope_for("https://r.io/v2/_catalog?n=10", "GET", False) == "registry:catalog:*"
+    assert scope_for("https://r.io/v2/", "GET", False) is None
 
 
 @pytest.mark.skipif(SKOPEO is None, reason="needs skopeo")

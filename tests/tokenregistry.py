@@ -12,7 +12,8 @@ What it does, as Docker Hub, GHCR or Harbor do (the distribution project's token
   with Basic; a wrong password is 401. Tokens last `--expires` seconds (`expires_in`);
 - `--cdn`: blob GETs are 307 redirects to a second listener (the "CDN") with a signed URL; the
   CDN answers 400 to any request carrying `Authorization`, as S3 does;
-- `--throttle N`: the first N manifest and blob GETs are 429 with `Retry-After: 1`;
+- `--throttle N`: the first N manifest and blob GETs are 429 with `Retry-After: 1`
+  (`--retry-after S`);
 - `_catalog` to signed-in users (scope `registry:catalog:*`);
 - pushes: POST/PATCH/PUT uploads and manifest PUTs, kept in memory and in `--dir`.
 
@@ -45,6 +46,7 @@ class State:
         self.users = users
         self.expires = expires
         self.throttle = throttle
+        self.retry_after = 1
         self.lock = threading.Lock()
         self.tokens: dict[str, tuple[set[tuple[str, str]], float]] = {}
         self.manifests: dict[tuple[str, str], tuple[bytes, str]] = {}  # (repo, ref)
@@ -172,7 +174,8 @@ class Handler(BaseHTTPRequestHandler):
                     s.throttle -= 1
                     s.stats["throttled"] += 1
             if throttle:
-                self._json(429, {"errors": [{"code": "TOOMANYREQUESTS"}]}, {"Retry-After": "1"})
+                wait = {"Retry-After": str(s.retry_after)}
+                self._json(429, {"errors": [{"code": "TOOMANYREQUESTS"}]}, wait)
                 return
         if marker == "/blobs/uploads/":
             self._upload(repo, tail, parse_qs(u.query))
@@ -356,10 +359,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--user", action="append", default=[], help="USER:PASSWORD")
     p.add_argument("--cdn", action="store_true")
     p.add_argument("--throttle", type=int, default=0)
+    p.add_argument("--retry-after", type=int, default=1)
     p.add_argument("--expires", type=int, default=300)
     args = p.parse_args(argv)
     users = dict(u.split(":", 1) for u in args.user)
     state = State(args.dir, users, args.expires, args.throttle)
+    state.retry_after = args.retry_after
     (args.dir / "blobs").mkdir(parents=True, exist_ok=True)
 
     def serve(cdn: bool) -> ThreadingHTTPServer:
