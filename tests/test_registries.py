@@ -232,6 +232,20 @@ def test_credential_helper_on_path(source: TinyStore, tmp_path: Path) -> None:
         assert "not found on PATH" in error_line(r.stderr)
 
 
+def test_identity_token(source: TinyStore, tmp_path: Path) -> None:
+    """An `identitytoken` (what `docker login` keeps for OAuth registries) is traded with
+    `POST realm` and `grant_type=refresh_token`."""
+    with token_registry(tmp_path, "--identity", f"refresh-xyz:{USER}") as reg:
+        push(source, reg.url, PRIVATE, docker_config(tmp_path / "push", auths(reg.url)))
+        host = reg.url.removeprefix("http://")
+        env = docker_config(tmp_path / "id", {"auths": {host: {"identitytoken": "refresh-xyz"}}})
+        r = pull(tmp_path / "dst", reg.url, PRIVATE, "-v", env=env)
+        assert r.returncode == 0, r.stderr
+        same_model(source, tmp_path / "dst", PRIVATE)
+        assert "refresh-xyz" not in r.stderr + r.stdout
+        assert reg.stats()["tokens"][-1]["grant"] == "refresh_token"
+
+
 def test_username_and_password_stdin(source: TinyStore, tmp_path: Path) -> None:
     with token_registry(tmp_path) as reg:
         push(source, reg.url, PRIVATE, docker_config(tmp_path / "push", auths(reg.url)))

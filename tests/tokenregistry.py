@@ -14,6 +14,8 @@ What it does, as Docker Hub, GHCR or Harbor do (the distribution project's token
   CDN answers 400 to any request carrying `Authorization`, as S3 does;
 - `--throttle N`: the first N manifest and blob GETs are 429 with `Retry-After: 1`
   (`--retry-after S`);
+- `POST /token` with `grant_type=refresh_token` trades an identity token of `--identity` for a
+  token (`access_token`);
 - `_catalog` to signed-in users (scope `registry:catalog:*`);
 - pushes: POST/PATCH/PUT uploads and manifest PUTs, kept in memory and in `--dir`.
 
@@ -47,6 +49,7 @@ class State:
         self.expires = expires
         self.throttle = throttle
         self.retry_after = 1
+        self.refresh_tokens: dict[str, str] = {}  # identity token -> user
         self.lock = threading.Lock()
         self.tokens: dict[str, tuple[set[tuple[str, str]], float]] = {}
         self.manifests: dict[tuple[str, str], tuple[bytes, str]] = {}  # (repo, ref)
@@ -130,6 +133,9 @@ class Handler(BaseHTTPRequestHandler):
         if u.path == "/_stats":
             with s.lock:
                 self._json(200, s.stats)
+            return
+        if u.path == "/token" and self.command == "POST":
+            self._oauth(parse_qs(self._body().decode()))
             return
         if u.path == "/token":
             self._token(parse_qs(u.query))
@@ -236,6 +242,24 @@ class Handler(BaseHTTPRequestHandler):
         self._json(
             200, {"token": token, "expires_in": s.expires, "issued_at": "2026-01-01T00:00:00Z"}
         )
+
+    def _oauth(self, form: dict[str, list[str]]) -> None:
+        """The OAuth2 form docker sends with an identity token (a refresh token)."""
+        s = self.state
+        refresh = form.get("refresh_token", [""])[0]
+        user = s.refresh_tokens.get(refresh)
+        if form.get("grant_type") != ["refresh_token"] or user is None:
+            self._json(401, {"error": "invalid_grant"})
+            return
+        scopes = " ".join(form.get("scope", [])).split()
+        granted: set[tuple[str, str]] = set()
+        for scope in scopes:
+            granted |= _grant(s, user, scope)
+        token = secrets.token_hex(16)
+        with s.lock:
+            s.tokens[token] = (granted, time.monotonic() + s.expires)
+            s.stats["tokens"].append({"user": user, "scopes": scopes, "grant": "refresh_token"})
+        self._json(200, {"access_token": token, "expires_in": s.expires})
 
     # -- content -------------------------------------------------------------------------
     def _manifest(self, repo: str, ref: str) -> None:
@@ -360,11 +384,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cdn", action="store_true")
     p.add_argument("--throttle", type=int, default=0)
     p.add_argument("--retry-after", type=int, default=1)
+    p.add_argument("--identity", action="append", default=[], help="REFRESH_TOKEN:USER")
     p.add_argument("--expires", type=int, default=300)
     args = p.parse_args(argv)
     users = dict(u.split(":", 1) for u in args.user)
     state = State(args.dir, users, args.expires, args.throttle)
     state.retry_after = args.retry_after
+    for item in args.identity:
+        refresh, _, user = item.partition(":")
+        state.refresh_tokens[refresh] = user
     (args.dir / "blobs").mkdir(parents=True, exist_ok=True)
 
     def serve(cdn: bool) -> ThreadingHTTPServer:
