@@ -229,19 +229,22 @@ class Handler(BaseHTTPRequestHandler):
                 self._json(401, {"details": "incorrect username or password"})
                 return
             user = name
-        scopes = query.get("scope", [])
+        token = self._issue(user, query.get("scope", []), service=query.get("service"))
+        self._json(
+            200, {"token": token, "expires_in": s.expires, "issued_at": "2026-01-01T00:00:00Z"}
+        )
+
+    def _issue(self, user: str | None, scopes: list[str], **noted: object) -> str:
+        """A new token for what `user` may do of `scopes`, recorded in the stats."""
+        s = self.state
         granted: set[tuple[str, str]] = set()
         for scope in scopes:
             granted |= _grant(s, user, scope)
         token = secrets.token_hex(16)
         with s.lock:
             s.tokens[token] = (granted, time.monotonic() + s.expires)
-            s.stats["tokens"].append(
-                {"user": user, "scopes": scopes, "service": query.get("service")}
-            )
-        self._json(
-            200, {"token": token, "expires_in": s.expires, "issued_at": "2026-01-01T00:00:00Z"}
-        )
+            s.stats["tokens"].append({"user": user, "scopes": scopes, **noted})
+        return token
 
     def _oauth(self, form: dict[str, list[str]]) -> None:
         """The OAuth2 form docker sends with an identity token (a refresh token)."""
@@ -252,13 +255,7 @@ class Handler(BaseHTTPRequestHandler):
             self._json(401, {"error": "invalid_grant"})
             return
         scopes = " ".join(form.get("scope", [])).split()
-        granted: set[tuple[str, str]] = set()
-        for scope in scopes:
-            granted |= _grant(s, user, scope)
-        token = secrets.token_hex(16)
-        with s.lock:
-            s.tokens[token] = (granted, time.monotonic() + s.expires)
-            s.stats["tokens"].append({"user": user, "scopes": scopes, "grant": "refresh_token"})
+        token = self._issue(user, scopes, grant="refresh_token")
         self._json(200, {"access_token": token, "expires_in": s.expires})
 
     # -- content -------------------------------------------------------------------------
