@@ -2051,7 +2051,8 @@ def test_llama_cpp_reads_the_qwen25vl_view_it_refuses_raw(tmp_path: Path) -> Non
 
 
 def test_a_lazy_model_dir_counts_its_llama_cpp_dir_before_it_is_filled(tmp_path: Path) -> None:
-    from modelfs.fsd.tree import DirNode, InodeTable, TreeBuilder
+    from modelfs.fsd.builder import TreeBuilder
+    from modelfs.fsd.nodes import DirNode, InodeTable
     from modelfs.store.scan import scan_store
 
     tiny, _ = compat_store(tmp_path)
@@ -2077,8 +2078,9 @@ def test_a_later_mount_reads_no_header_until_llama_cpp_is_looked_into(
 ) -> None:
     import json
 
-    import modelfs.fsd.tree as fsd_tree
-    from modelfs.fsd.tree import CompatNode, DirNode, InodeTable, TreeBuilder
+    import modelfs.fsd.compat_dirs as fsd_compat_dirs
+    from modelfs.fsd.builder import TreeBuilder
+    from modelfs.fsd.nodes import CompatNode, DirNode, InodeTable
     from modelfs.store.compat.decisions import Decisions
     from modelfs.store.names import parse_name
     from modelfs.store.scan import scan_store
@@ -2093,7 +2095,7 @@ def test_a_later_mount_reads_no_header_until_llama_cpp_is_looked_into(
 
     # The next mount: nothing reads a GGUF header while building, link counts included.
     made: list[Path] = []
-    real_views, real_peek = fsd_tree.compat_views, fsd_tree.may_need_view
+    real_views, real_peek = fsd_compat_dirs.compat_views, fsd_compat_dirs.may_need_view
 
     def watched(path: Path, source_hex: str) -> object:
         made.append(path)
@@ -2102,8 +2104,8 @@ def test_a_later_mount_reads_no_header_until_llama_cpp_is_looked_into(
     def no_peek(path: Path) -> bool:
         raise AssertionError(f"peeked at {path}")
 
-    monkeypatch.setattr(fsd_tree, "compat_views", watched)
-    monkeypatch.setattr(fsd_tree, "may_need_view", no_peek)
+    monkeypatch.setattr(fsd_compat_dirs, "compat_views", watched)
+    monkeypatch.setattr(fsd_compat_dirs, "may_need_view", no_peek)
     tree = TreeBuilder(InodeTable()).build(scan_store(tiny.root))
     short = tree.root.children["gemma3"].children["tiny"]
     assert isinstance(short, DirNode) and short.nlink == 4  # .., .ollama/, llama.cpp/
@@ -2112,7 +2114,7 @@ def test_a_later_mount_reads_no_header_until_llama_cpp_is_looked_into(
     )
     holder = short.children["llama.cpp"]
     assert isinstance(holder, DirNode) and not holder.loaded and made == []
-    monkeypatch.setattr(fsd_tree, "may_need_view", real_peek)
+    monkeypatch.setattr(fsd_compat_dirs, "may_need_view", real_peek)
     # Made ahead of first use (the mount does this in a thread once it is ready) ...
     assert tree.make_views() == 1 and len(made) == 1
     assert tree.make_views() == 0
@@ -2233,7 +2235,8 @@ def llava_store(tmp_path: Path) -> tuple[TinyStore, Path]:
 
 def test_a_llava_model_gets_its_projector_view(tmp_path: Path) -> None:
     from modelfs.cli.show import render, show_record
-    from modelfs.fsd.tree import CompatNode, DirNode, InodeTable, TreeBuilder
+    from modelfs.fsd.builder import TreeBuilder
+    from modelfs.fsd.nodes import CompatNode, DirNode, InodeTable
     from modelfs.store.scan import scan_store
 
     tiny, projector = llava_store(tmp_path)

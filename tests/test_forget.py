@@ -15,8 +15,9 @@ from pathlib import Path
 import trio
 
 from modelfs.demo import build_demo_store
+from modelfs.fsd.builder import TreeBuilder
+from modelfs.fsd.nodes import DirNode, InodeTable, Node
 from modelfs.fsd.ops import ModelOperations
-from modelfs.fsd.tree import DirNode, InodeTable, Node, TreeBuilder
 from modelfs.store.digest import Digest
 from modelfs.store.scan import scan_store
 from tests.builders import TinyStore

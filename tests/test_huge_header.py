@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
-import modelfs.fsd.tree as fsd_tree
-from modelfs.fsd.tree import DirNode, InodeTable, MergedNode, Node, TreeBuilder
+import modelfs.fsd.builder as fsd_builder
+from modelfs.fsd.builder import TreeBuilder
+from modelfs.fsd.nodes import DirNode, InodeTable, MergedNode, Node
 from modelfs.store.safetensors import read_safetensors_header_path
 from modelfs.store.scan import scan_store
 from tests.builders import TinyStore, many_tensor_safetensors
@@ -65,17 +66,17 @@ def test_a_build_reads_no_big_header(tmp_path: Path, monkeypatch: pytest.MonkeyP
     """Over the threshold, a model directory is placed unfilled with its merge to be made
     (DirNode.prepare, which the mount runs in a worker thread); what its listing shows then
     is what it would have shown, link counts included."""
-    monkeypatch.setattr(fsd_tree, "EAGER_HEADER_BYTES", 1000)
+    monkeypatch.setattr(fsd_builder, "EAGER_HEADER_BYTES", 1000)
     tiny = _huge_store(tmp_path / "models", 200, extra_tensor=True)
     index = scan_store(tiny.root)
     calls: list[str] = []
-    real = fsd_tree.read_safetensors_header_path
+    real = fsd_builder.read_safetensors_header_path
 
     def counting(path: str) -> object:
         calls.append(str(path))
         return real(path)
 
-    monkeypatch.setattr(fsd_tree, "read_safetensors_header_path", counting)
+    monkeypatch.setattr(fsd_builder, "read_safetensors_header_path", counting)
     tree = TreeBuilder(InodeTable()).build(index)
     assert calls == []
     huge = tree.root.children["huge"]._children["latest"]

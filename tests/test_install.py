@@ -278,7 +278,8 @@ def test_readme_install_in_a_fresh_root(fresh_root: FreshRoot, tmp_path: Path) -
     assert "gemma4:26b" in ls.stdout, ls
     config = r.run(
         f"{VENV}/bin/python", "-c",
-        "import sys; from sync.config import load_config; print(load_config(sys.argv[1]).store)",
+        "import sys; from modelfs.sync.config import load_config;"
+        " print(load_config(sys.argv[1]).store)",
         "/etc/modelfs/config.toml", user="ollama",
     )  # fmt: skip
     assert config.stdout.strip() == STORE

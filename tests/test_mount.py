@@ -19,7 +19,7 @@ import pytest
 from safetensors import safe_open
 
 from modelfs.demo import build_demo_store
-from modelfs.fsd.tree import short_path
+from modelfs.fsd.builder import short_path
 from modelfs.store.digest import Digest
 from modelfs.store.files import model_files
 from modelfs.store.names import parse_name

@@ -19,8 +19,9 @@ import pytest
 import trio
 
 import modelfs.fsd.ops as fsd_ops
+from modelfs.fsd.builder import TreeBuilder
+from modelfs.fsd.nodes import BlobNode, InodeTable
 from modelfs.fsd.ops import PASSTHROUGH_API, ModelOperations
-from modelfs.fsd.tree import BlobNode, InodeTable, TreeBuilder
 from modelfs.store.digest import Digest
 from modelfs.store.scan import scan_store
 from tests.builders import TinyStore

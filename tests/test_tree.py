@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from modelfs.demo import build_demo_store
+from modelfs.fsd.builder import TreeBuilder, short_path
 from modelfs.fsd.mount import changed_entries
+from modelfs.fsd.nodes import BlobNode, DirNode, InodeTable, Node
 from modelfs.fsd.ops import ModelOperations
-from modelfs.fsd.tree import BlobNode, DirNode, InodeTable, Node, TreeBuilder, short_path
 from modelfs.store.digest import Digest
 from modelfs.store.layout import Layout
 from modelfs.store.names import parse_name

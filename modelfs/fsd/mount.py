@@ -16,8 +16,9 @@ import pyfuse3
 import trio
 
 from modelfs.fsd import loop
+from modelfs.fsd.builder import NameTree, TreeBuilder
+from modelfs.fsd.nodes import DirNode, InodeTable
 from modelfs.fsd.ops import ModelOperations
-from modelfs.fsd.tree import DirNode, InodeTable, NameTree, TreeBuilder
 from modelfs.runtime.inotify import StoreWatch, WatchError
 from modelfs.runtime.leasing import leased
 from modelfs.runtime.notify import sd_notify

@@ -20,14 +20,14 @@ from typing import Any, ParamSpec, TypeVar
 import pyfuse3
 import trio
 
+from modelfs.fsd.builder import NameTree
 from modelfs.fsd.loop import handing_off
-from modelfs.fsd.tree import (
+from modelfs.fsd.nodes import (
     BlobNode,
     BytesNode,
     CompatNode,
     DirNode,
     MergedNode,
-    NameTree,
     Node,
     SymlinkNode,
 )
@@ -252,7 +252,7 @@ class ModelOperations(pyfuse3.Operations):
         return attrs
 
     def place(self, node: Node, current: bool) -> None:
-        """A node made by filling a lazy directory (see fsd.tree.NodeSink)."""
+        """A node made by filling a lazy directory (see fsd.nodes.NodeSink)."""
         if current:
             self.nodes[node.inode] = node
             self._old.discard(node.inode)

@@ -1,11 +1,8 @@
 """The name tree a mount shows, built from a store scan (README, "The mount").
 
-A tree is immutable once built; a change in the store builds a new one. Inode numbers come from
-an `InodeTable` that lives as long as the mount, keyed by what a node *is* (a directory's path,
-a blob's digest, a small file's path and bytes), so an unchanged path keeps its inode across
-rebuilds and an inode never changes meaning, which lets an open file keep its bytes when its
-tag moves. Numbers the served tree does not use and the kernel has forgotten are let go
-(`InodeTable.retain`), so a mount that runs for months through many re-tags stays its size.
+A tree is immutable once built; a change in the store builds a new one. Its nodes and their
+inode numbers are in fsd.nodes; the `llama.cpp/` directories it holds are made by
+fsd.compat_dirs.
 
 The short-name model directories are built at once (they are what `ls -lR MOUNT` walks); the
 model directories under `.by-name/` and `.by-digest/`, and `.blobs/`, are placed at once but
@@ -18,26 +15,26 @@ from __future__ import annotations
 
 import functools
 import gc
-import itertools
 import logging
-import stat
 import threading
 import weakref
-from collections.abc import Callable, Container, Hashable, Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Protocol, TypeVar
 
-from modelfs.store.compat import (
-    COMPATIBLE_RUNNERS,
-    CompatViews,
-    ComputeCache,
-    GGUFView,
-    compat_views,
-    may_need_mmproj_view,
-    may_need_view,
-    mmproj_view,
+from modelfs.fsd.compat_dirs import CompatDirs
+from modelfs.fsd.nodes import (
+    ROOT_INODE,
+    BlobNode,
+    BytesNode,
+    CompatNode,
+    DirNode,
+    InodeTable,
+    MergedNode,
+    Node,
+    NodeSink,
+    SymlinkNode,
 )
+from modelfs.store.compat import CompatViews, ComputeCache, GGUFView
 from modelfs.store.compat.decisions import Decisions
 from modelfs.store.digest import Digest
 from modelfs.store.errors import StoreError
@@ -47,204 +44,15 @@ from modelfs.store.manifest import Manifest, clean_text
 from modelfs.store.names import Name
 from modelfs.store.safetensors import read_header_length, read_safetensors_header_path
 from modelfs.store.scan import DEFAULT_PREFER, Entry, StoreIndex, Variant
-from modelfs.store.views import MergedSafetensors, merge_safetensors, read_merged, render_modelfile
+from modelfs.store.views import MergedSafetensors, merge_safetensors, render_modelfile
 
 log = logging.getLogger(__name__)
 
-ROOT_INODE = 1
-_V = TypeVar("_V")
 MAX_TEXT_BYTES = 1 << 20  # templates, licenses, params shown inside a Modelfile
 # A model whose tensor blobs' headers add up to more than this gets its `model.safetensors`
 # made in a worker thread when its directory is first looked into, never in a build: a
 # 100 MB header (a million tensors, legal) takes seconds to read and merge.
 EAGER_HEADER_BYTES = 4 << 20
-
-
-class InodeTable:
-    """Stable inode numbers for the life of a mount; never reused. Safe across threads (a
-    rebuild in a worker thread, a lazy directory filled in the request loop) without a lock:
-    `next` on a count and `dict.setdefault` are atomic, and a number lost to a race is just
-    never used."""
-
-    def __init__(self) -> None:
-        self._by_key: dict[Hashable, int] = {}
-        self._numbers = itertools.count(ROOT_INODE + 1)
-
-    def get(self, key: Hashable) -> int:
-        ino = self._by_key.get(key)
-        if ino is None:
-            ino = self._by_key.setdefault(key, next(self._numbers))
-        return ino
-
-    def retain(self, live: Container[int]) -> None:
-        """Forget the keys of inodes not in `live`. Called between builds only (from the
-        mount's loop, after a build finished): a key dropped here and met again later gets a
-        new number, which is right, as nothing that knew the old one is left."""
-        self._by_key = {k: ino for k, ino in self._by_key.items() if ino in live}
-
-    def __len__(self) -> int:
-        return len(self._by_key)
-
-
-@dataclass(eq=False)
-class Node:
-    inode: int
-    mtime_ns: int
-    xattrs: dict[str, bytes] = field(default_factory=dict)
-    links: int = 1  # how many places show it, so `du` and `rsync -H` count a blob once
-
-    mode = stat.S_IFREG | 0o444
-
-    @property
-    def size(self) -> int:
-        return 0
-
-
-@dataclass(eq=False)
-class DirNode(Node):
-    path: tuple[str, ...] = ()
-    is_model: bool = False
-    # A lazy directory has `_fill` set until first use, and `_subdirs` says what its link
-    # count will be; `children` fills it.
-    _children: dict[str, Node] = field(default_factory=dict, repr=False)
-    _fill: Callable[[DirNode], None] | None = field(default=None, repr=False)
-    _subdirs: int = 0
-    # Slow work the fill needs (a merged header of a huge safetensors blob), to be run in a
-    # worker thread before the first look inside, so the request loop never waits for it.
-    _prepare: Callable[[], None] | None = field(default=None, repr=False)
-    mode = stat.S_IFDIR | 0o555
-
-    @property
-    def size(self) -> int:
-        return 4096
-
-    @property
-    def children(self) -> dict[str, Node]:
-        fill = self._fill
-        if fill is not None:
-            self._fill = None
-            fill(self)
-        return self._children
-
-    @property
-    def loaded(self) -> bool:
-        """False for a lazy directory nobody has looked into yet."""
-        return self._fill is None
-
-    @property
-    def needs_prepare(self) -> bool:
-        """True until `prepare` has run: filling it now would do slow work in the caller."""
-        return self._prepare is not None
-
-    def prepare(self) -> None:
-        """Do the slow part of filling it (safe in a worker thread: it only fills caches)."""
-        prepare = self._prepare
-        if prepare is not None:
-            prepare()
-            self._prepare = None
-
-    @property
-    def nlink(self) -> int:
-        if self._fill is not None:
-            return 2 + self._subdirs
-        return 2 + sum(isinstance(c, DirNode) for c in self._children.values())
-
-
-@dataclass(eq=False)
-class BlobNode(Node):
-    """A file whose bytes are one blob, served from the blob file."""
-
-    digest: Digest = field(default=Digest("0" * 64))
-    blobs_dir: Path = field(default=Path())
-    blob_size: int = 0
-    media_type: str = ""
-    gguf: bool = False
-
-    @property
-    def size(self) -> int:
-        return self.blob_size
-
-    @functools.cached_property
-    def path(self) -> Path:
-        # Made on first use: a Path per blob was a fifth of a build.
-        return self.blobs_dir / self.digest.blob_name
-
-
-@dataclass(eq=False)
-class BytesNode(Node):
-    """A small file synthesized in memory."""
-
-    data: bytes = b""
-
-    @property
-    def size(self) -> int:
-        return len(self.data)
-
-
-@dataclass(eq=False)
-class MergedNode(Node):
-    """`model.safetensors`: a merged header, data read from many blobs."""
-
-    merged: MergedSafetensors | None = None
-
-    @property
-    def size(self) -> int:
-        return self.merged.size if self.merged else 0
-
-    @functools.cached_property
-    def digests(self) -> tuple[Digest, ...]:
-        """The tensor blobs it reads from, each once (segments are `blobs/sha256-<hex>`)."""
-        assert self.merged is not None
-        return tuple(dict.fromkeys(Digest.parse(s.path.name) for s in self.merged.segments))
-
-    def read(self, fds: dict[Path, int], offset: int, size: int) -> bytes:
-        assert self.merged is not None
-        return read_merged(self.merged, fds, offset, size)
-
-
-@dataclass(eq=False)
-class CompatNode(Node):
-    """`llama.cpp/model.gguf` or `llama.cpp/mmproj.gguf`: a synthesized GGUF whose data are
-    ranges of one blob (and computed tensors, cached under `.modelfs/compat/`)."""
-
-    digest: Digest = field(default=Digest("0" * 64))
-    path: Path = field(default=Path())
-    view: GGUFView | None = None
-    cache: ComputeCache | None = None
-
-    @property
-    def size(self) -> int:
-        return self.view.size if self.view else 0
-
-    def touches_compute(self, offset: int, size: int) -> bool:
-        """True if [offset, offset+size) holds a computed tensor (a slow first read)."""
-        assert self.view is not None
-        end = offset + size
-        return any(p.start < end and offset < p.start + p.length for p in self.view.computed_pieces)
-
-    def read(self, fd: int, offset: int, size: int) -> bytes:
-        assert self.view is not None
-        return self.view.read(fd, offset, size, self.cache)
-
-
-@dataclass(eq=False)
-class SymlinkNode(Node):
-    target: bytes = b""
-    mode = stat.S_IFLNK | 0o777
-
-    @property
-    def size(self) -> int:
-        return len(self.target)
-
-
-class NodeSink(Protocol):
-    """Where nodes made after a build (by filling a lazy directory) are registered: the mount's
-    inode -> node table."""
-
-    def place(self, node: Node, current: bool) -> None:
-        """Register `node`; `current` when the tree that made it is the one served (its node
-        wins), else only if nothing holds the inode yet (a replaced tree the kernel still
-        walks; the content of an inode is the same in both by construction)."""
 
 
 @dataclass
@@ -345,7 +153,7 @@ class TreeBuilder:
             del self.merged[key]
 
 
-class _Build:
+class _Build(CompatDirs):
     """One build: the state that depends on one StoreIndex, kept as long as a lazy directory
     of its tree may still be filled. Nothing here refers back to the tree's nodes (the mount
     is held weakly), so a tree that is no longer served is freed by reference counting."""
@@ -711,168 +519,6 @@ class _Build:
                 result = str(exc)
         self.merged[key] = result
         return result
-
-    def compat_views(self, digest: Digest) -> CompatViews | str | None:
-        """The llama.cpp views of a GGUF blob, an error text, or None (none needed)."""
-        return self._view_of(self.compat, digest, may_need_view, compat_views)
-
-    def mmproj_view(self, digest: Digest) -> GGUFView | str | None:
-        """The llama.cpp view of a separate projector blob, an error text, or None."""
-        return self._view_of(self.mmproj, digest, may_need_mmproj_view, mmproj_view)
-
-    def _view_of(
-        self,
-        cache: dict[Digest, _V | str | None],
-        digest: Digest,
-        may_need: Callable[[Path], bool],
-        make: Callable[[Path, str], _V | None],
-    ) -> _V | str | None:
-        """`make`'s view of a blob, once per mount; the error text when it cannot be made."""
-        if digest in cache:
-            return cache[digest]
-        path = self.index.layout.blob(digest)
-        result: _V | str | None = None
-        if may_need(path):
-            try:
-                result = make(path, digest.hex)
-            except (OSError, StoreError, ValueError) as exc:
-                log.warning("%s: no llama.cpp view: %s", digest, exc)
-                result = str(exc)
-        cache[digest] = result
-        return result
-
-    def _compat_files(
-        self, plan: _Plan, v: Variant
-    ) -> tuple[list[tuple[Digest, GGUFView]], list[str]]:
-        """The files of `llama.cpp/` (source blob, view) and why any is not shown: the views of
-        model.gguf, and the projector's own view where the model has no clip view of its
-        own. Nothing for a child made for llama.cpp."""
-        if v.runner in COMPATIBLE_RUNNERS:
-            return [], []
-        shown = {f.path: f for f, _ in plan.shown}
-        model, projector = shown.get("model.gguf"), shown.get("mmproj.gguf")
-        if model is None:
-            return [], []
-        files: list[tuple[Digest, GGUFView]] = []
-        problems: list[str] = []
-        views = self.compat_views(model.layer.digest)
-        if isinstance(views, CompatViews):
-            files.append((model.layer.digest, views.model))
-            if views.mmproj is not None:
-                files.append((model.layer.digest, views.mmproj))
-        elif views:
-            problems.append(f"llama.cpp/ not shown: {views}")
-        if projector is not None and not any(view.kind == "mmproj" for _, view in files):
-            view = self.mmproj_view(projector.layer.digest)
-            if isinstance(view, GGUFView):
-                files.append((projector.layer.digest, view))
-            elif view:
-                problems.append(f"llama.cpp/mmproj.gguf not shown: {view}")
-        return files, problems
-
-    def _decision(self, kind: str, digest: Digest) -> str:
-        """Whether a blob gets a view (see store.compat.decisions), without reading it when
-        this mount or an earlier one decided already."""
-        made = self.compat if kind == "model" else self.mmproj
-        decisions = self.builder.decisions
-        assert decisions is not None
-        if digest not in made and (known := decisions.get(kind, digest)) is not None:
-            return known
-        result = self.compat_views(digest) if kind == "model" else self.mmproj_view(digest)
-        if result is None:
-            value = "none"
-        elif isinstance(result, str):
-            value = f"error: {result}"
-        elif isinstance(result, CompatViews):
-            value = "model+mmproj" if result.mmproj is not None else "model"
-        else:
-            value = "view"
-        decisions.put(kind, digest, value)
-        return value
-
-    def make_views(self) -> int:
-        decisions = self.builder.decisions
-        made = 0
-        for kind, digest in decisions.views() if decisions is not None else ():
-            cache = self.compat if kind == "model" else self.mmproj
-            if digest not in cache:
-                (self.compat_views if kind == "model" else self.mmproj_view)(digest)
-                made += 1
-        return made
-
-    def _compat_shape(
-        self, plan: _Plan, v: Variant
-    ) -> tuple[list[tuple[Digest, str]], list[str]]:
-        """The files `llama.cpp/` will hold (source blob, kind), and why any view is not
-        shown: `_compat_files` told from the decisions, so that nothing is read for a model
-        decided before."""
-        if v.runner in COMPATIBLE_RUNNERS:
-            return [], []
-        shown = {f.path: f for f, _ in plan.shown}
-        model, projector = shown.get("model.gguf"), shown.get("mmproj.gguf")
-        if model is None:
-            return [], []
-        files: list[tuple[Digest, str]] = []
-        problems: list[str] = []
-        decided = self._decision("model", model.layer.digest)
-        if decided.startswith("error: "):
-            problems.append(f"llama.cpp/ not shown: {decided.removeprefix('error: ')}")
-        if decided.startswith("model"):
-            files.append((model.layer.digest, "model"))
-        if decided == "model+mmproj":
-            files.append((model.layer.digest, "mmproj"))
-        elif projector is not None:
-            decided = self._decision("mmproj", projector.layer.digest)
-            if decided.startswith("error: "):
-                why = decided.removeprefix("error: ")
-                problems.append(f"llama.cpp/mmproj.gguf not shown: {why}")
-            if decided == "view":
-                files.append((projector.layer.digest, "mmproj"))
-        return files, problems
-
-    def _shows_compat(self, plan: _Plan, v: Variant) -> bool:
-        """Will the model directory hold `llama.cpp/`? (Its link count says so before it is
-        filled.)"""
-        return bool(self._compat_shape(plan, v)[0])
-
-    def _add_compat(self, d: DirNode, plan: _Plan, v: Variant, mtime_ns: int) -> list[str]:
-        """`llama.cpp/` in the model directory `d`, if it has one, filled on first use (the
-        views are made then); its status lines."""
-        shows, problems = self._compat_shape(plan, v)
-        if shows:  # the files it will hold
-            holder = self._mkdirs(d, ("llama.cpp",), mtime_ns)
-            holder._fill = functools.partial(self._fill_compat, plan, v, mtime_ns)
-        return problems
-
-    def _fill_compat(self, plan: _Plan, v: Variant, mtime_ns: int, holder: DirNode) -> None:
-        try:
-            # The views of a blob decided at an earlier mount are made here, on first use.
-            files, _ = self._compat_files(plan, v)
-        except Exception:
-            log.exception("%s: llama.cpp/ not filled", "/".join(holder.path))
-            return
-        if self.builder.compute_cache is None:
-            self.builder.compute_cache = ComputeCache(self.index.layout.compat)
-        for digest, view in files:
-            key = (digest, view.kind)
-            node = self.compat_nodes.get(key)
-            if node is None:
-                node = CompatNode(
-                    self.inodes.get(("compat", digest, view.kind)),
-                    mtime_ns,
-                    {
-                        "user.modelfs.compat.source": str(digest).encode(),
-                        "user.modelfs.compat.handler": view.handler.encode(),
-                    },
-                    links=self.compat_links.get(key, 1),
-                    digest=digest,
-                    path=view.source,
-                    view=view,
-                    cache=self.builder.compute_cache,
-                )
-                self.compat_nodes[key] = node
-                self.register(node)
-            holder._children[f"{view.kind}.gguf"] = node
 
     def _merged_node(
         self, tensors: tuple[Digest, ...], merged: MergedSafetensors, mtime_ns: int
