@@ -153,6 +153,7 @@ class RegistryAuth(httpx.Auth):
         self._challenges: dict[str, Challenge] = {}  # origin -> the last challenge seen
         self._tokens: dict[tuple[str, str, tuple[str, ...]], tuple[str, float]] = {}
         self._lock = threading.Lock()
+        self._fetching: dict[tuple[str, str, tuple[str, ...]], trio.Lock] = {}
         self.token_requests = 0  # for tests and debugging: tokens fetched
 
     def sync_auth_flow(
@@ -239,7 +240,7 @@ class RegistryAuth(httpx.Auth):
             if challenge.scheme == "bearer" and realm.startswith(("http://", "https://")):
                 self._challenges[host] = challenge
                 scopes = self._scopes(url, method, challenge)
-                return await self._token(host, challenge, scopes, refresh=sent is not None)
+                return await self._token(host, challenge, scopes, stale=sent)
         for challenge in challenges:
             if challenge.scheme == "basic":
                 self._challenges[host] = challenge
@@ -262,23 +263,27 @@ class RegistryAuth(httpx.Auth):
 
     # -- tokens ---------------------------------------------------------------------------------
     async def _token(
-        self, host: str, challenge: Challenge, scopes: list[str], *, refresh: bool = False
+        self, host: str, challenge: Challenge, scopes: list[str], *, stale: str | None = None
     ) -> str:
+        """A token for `scopes`: the cached one unless it ran out or is `stale` (the one a
+        401 just refused). One fetch per scope at a time: requests that arrive meanwhile
+        (a pull's parallel blobs) wait for it and share it."""
         realm = challenge.params["realm"]
         service = challenge.params.get("service", "")
         key = (realm, service, tuple(scopes))
-        now = time.monotonic()
-        with self._lock:
-            cached = self._tokens.get(key)
-        if cached is not None and cached[1] > now and not refresh:
-            return cached[0]
-        creds = await self.credentials(host)
-        token, expires_in = await self._fetch(host, realm, service, scopes, creds)
-        header = f"Bearer {token}"
-        # Renewed a little before it runs out, so it never expires on the way.
-        with self._lock:
-            self._tokens[key] = (header, now + expires_in * 0.9)
-        return header
+        async with self._fetching.setdefault(key, trio.Lock()):
+            now = time.monotonic()
+            with self._lock:
+                cached = self._tokens.get(key)
+            if cached is not None and cached[1] > now and cached[0] != stale:
+                return cached[0]
+            creds = await self.credentials(host)
+            token, expires_in = await self._fetch(host, realm, service, scopes, creds)
+            header = f"Bearer {token}"
+            # Renewed a little before it runs out, so it never expires on the way.
+            with self._lock:
+                self._tokens[key] = (header, now + expires_in * 0.9)
+            return header
 
     async def _fetch(
         self,
