@@ -284,6 +284,24 @@ def test_retry_after_and_expired_tokens(source: TinyStore, tmp_path: Path) -> No
         assert len(anonymous) >= 2  # the first ran out while 429s were waited out
 
 
+def test_a_token_refused_early_is_renewed_on_every_path(source: TinyStore, tmp_path: Path) -> None:
+    """The pull's first token is refused after its one use (the manifest), long before its
+    expiry: the blob requests (through httpx and the large-blob receiver) that meet the 401
+    share one new token and go on."""
+    with token_registry(tmp_path, "--token-uses", "1") as reg:
+        push(source, reg.url, PUBLIC, docker_config(tmp_path / "push", auths(reg.url)))
+        before = len(reg.stats()["tokens"])
+        r = pull(tmp_path / "dst", reg.url, PUBLIC, env=docker_config(tmp_path / "e", {}))
+        assert r.returncode == 0, r.stderr
+        same_model(source, tmp_path / "dst", PUBLIC)
+        stats = reg.stats()
+        assert len(stats["tokens"]) - before == 2  # the first, and the one shared renewal
+        gets = [q for q in stats["requests"] if q[0] == "GET" and "/blobs/" in q[1]]
+        # config, model, template, license; each refused once unless it was sent after
+        # another request had renewed the token
+        assert 4 < len(gets) <= 8
+
+
 def test_a_retry_after_beyond_the_bound_is_not_waited_for(tmp_path: Path) -> None:
     with token_registry(tmp_path, "--throttle", "100", "--retry-after", "3600") as reg:
         t0 = time.monotonic()

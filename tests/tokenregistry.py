@@ -14,6 +14,8 @@ What it does, as Docker Hub, GHCR or Harbor do (the distribution project's token
   CDN answers 400 to any request carrying `Authorization`, as S3 does;
 - `--throttle N`: the first N manifest and blob GETs are 429 with `Retry-After: 1`
   (`--retry-after S`);
+- `--token-uses N`: the first token issued to each user (and the first anonymous one) is
+  refused (401) after N requests, before its expiry, as a revoked one is;
 - `POST /token` with `grant_type=refresh_token` trades an identity token of `--identity` for a
   token (`access_token`);
 - `_catalog` to signed-in users (scope `registry:catalog:*`);
@@ -49,6 +51,9 @@ class State:
         self.expires = expires
         self.throttle = throttle
         self.retry_after = 1
+        self.token_uses = 0  # >0: a token is refused after this many requests
+        self.uses: dict[str, int] = {}
+        self.revocable: set[str] = set()  # the first token issued to each user (and to nobody)
         self.refresh_tokens: dict[str, str] = {}  # identity token -> user
         self.lock = threading.Lock()
         self.tokens: dict[str, tuple[set[tuple[str, str]], float]] = {}
@@ -197,10 +202,14 @@ class Handler(BaseHTTPRequestHandler):
         scheme, _, token = auth.partition(" ")
         if scheme.lower() != "bearer":
             return False
-        with self.state.lock:
-            found = self.state.tokens.get(token)
+        s = self.state
+        with s.lock:
+            found = s.tokens.get(token)
+            s.uses[token] = uses = s.uses.get(token, 0) + 1
         if found is None or found[1] < time.monotonic():
             return False
+        if s.token_uses and uses > s.token_uses and token in s.revocable:
+            return False  # revoked early: a client must take a new one, whatever its expiry
         return repo is None or (repo, action) in found[0]
 
     def _challenge(self, scope: str | None) -> None:
@@ -243,6 +252,8 @@ class Handler(BaseHTTPRequestHandler):
         token = secrets.token_hex(16)
         with s.lock:
             s.tokens[token] = (granted, time.monotonic() + s.expires)
+            if not any(t.get("user") == user for t in s.stats["tokens"]):
+                s.revocable.add(token)
             s.stats["tokens"].append({"user": user, "scopes": scopes, **noted})
         return token
 
@@ -381,12 +392,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cdn", action="store_true")
     p.add_argument("--throttle", type=int, default=0)
     p.add_argument("--retry-after", type=int, default=1)
+    p.add_argument("--token-uses", type=int, default=0)
     p.add_argument("--identity", action="append", default=[], help="REFRESH_TOKEN:USER")
     p.add_argument("--expires", type=int, default=300)
     args = p.parse_args(argv)
     users = dict(u.split(":", 1) for u in args.user)
     state = State(args.dir, users, args.expires, args.throttle)
     state.retry_after = args.retry_after
+    state.token_uses = args.token_uses
     for item in args.identity:
         refresh, _, user = item.partition(":")
         state.refresh_tokens[refresh] = user

@@ -592,6 +592,9 @@ class PeerClient:
                 if stop.wait(delay):
                     raise Stopped()
                 waited += delay
+                if auth:  # the token may have run out meanwhile (as in RegistryAuth's flow)
+                    authorization = _from_trio(signin.header, url, "GET")
+                    answered = False
                 continue
             keep = headers.get("connection", "").lower() != "close"
             if status in (301, 302, 303, 307, 308) and "location" in headers:
