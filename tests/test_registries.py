@@ -309,6 +309,7 @@ def test_a_retry_after_beyond_the_bound_is_not_waited_for(tmp_path: Path) -> Non
         assert r.returncode == 1
         assert time.monotonic() - t0 < 30
         assert "HTTP 429" in error_line(r.stderr)
+        assert "it asks to wait 3600 s; modelfs waits at most 60 s" in error_line(r.stderr)
 
 
 def test_logins_read_docker_config_as_docker_does(tmp_path: Path) -> None:

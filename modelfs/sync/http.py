@@ -16,7 +16,7 @@ from modelfs.sync.errors import (
     PeerUnreachableError,
 )
 from modelfs.sync.proxies import ProxyRouter, ProxyRules
-from modelfs.sync.tokenauth import RegistryAuth
+from modelfs.sync.tokenauth import MAX_WAIT, RegistryAuth, retry_delay
 
 USER_AGENT = "modelfs/0.1"
 # A stalled peer is one that sends nothing for this long; a slow one that keeps sending is fine.
@@ -76,6 +76,12 @@ def raise_for_status(response: httpx.Response, what: str) -> None:
         raise PeerAuthError(f"{where}: {status} (no or wrong token) while fetching {what}")
     if status == 404:
         raise PeerNotFoundError(f"{where}: 404, {what} not found")
+    delay = retry_delay(response)
+    if delay is not None:
+        raise PeerError(
+            f"{where}: HTTP {status} while fetching {what} (it asks to wait {delay:.0f} s; "
+            f"modelfs waits at most {MAX_WAIT:.0f} s in all for one request)"
+        )
     raise PeerError(f"{where}: HTTP {status} while fetching {what}")
 
 
