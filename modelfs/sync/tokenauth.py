@@ -154,7 +154,6 @@ class RegistryAuth(httpx.Auth):
         self._tokens: dict[tuple[str, str, tuple[str, ...]], tuple[str, float]] = {}
         self._lock = threading.Lock()
         self._fetching: dict[tuple[str, str, tuple[str, ...]], trio.Lock] = {}
-        self.token_requests = 0  # for tests and debugging: tokens fetched
 
     def sync_auth_flow(
         self, request: httpx.Request
@@ -302,7 +301,6 @@ class RegistryAuth(httpx.Auth):
         params += [("scope", s) for s in scopes]
         waited = 0.0
         while True:
-            self.token_requests += 1
             try:
                 if creds is not None and creds.identity_token:
                     form = dict(params)
