@@ -550,7 +550,7 @@ def test_registry_answering_another_digest_cli(
     import modelfs.cli.push as cli_push
 
     @contextlib.asynccontextmanager
-    async def lying_session(_credentials: object) -> AsyncIterator[SimpleNamespace]:
+    async def lying_session(_credentials: object, **_: object) -> AsyncIterator[SimpleNamespace]:
         async with lying_client("manifests") as http:
             yield SimpleNamespace(http=http)
 

@@ -255,10 +255,10 @@ def test_startup_errors_are_one_line(demo: DemoStore, tmp_path: Path) -> None:
                 stream.close()
 
 
-@pytest.mark.skipif(CURL is None or OPENSSL is None, reason="needs curl and openssl")
-def test_tls(demo: DemoStore, tmp_path: Path) -> None:
+def self_signed(where: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key, made with openssl."""
     assert OPENSSL is not None
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert, key = where / "cert.pem", where / "key.pem"
     subprocess.run(
         [
             OPENSSL,
@@ -284,6 +284,12 @@ def test_tls(demo: DemoStore, tmp_path: Path) -> None:
         check=True,
         timeout=60,
     )
+    return cert, key
+
+
+@pytest.mark.skipif(CURL is None or OPENSSL is None, reason="needs curl and openssl")
+def test_tls(demo: DemoStore, tmp_path: Path) -> None:
+    cert, key = self_signed(tmp_path)
     layer = demo.manifest("qwen3:0.6b").layer("model.gguf")
     with served(demo.root, "--tls-cert", str(cert), "--tls-key", str(key)) as (url, _):
         assert url.startswith("https://127.0.0.1:")

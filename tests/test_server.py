@@ -680,7 +680,7 @@ async def test_zstd_for_a_list_manifest_blob(demo: DemoStore) -> None:
 # -- catalog and tags ------------------------------------------------------------------------
 async def test_catalog_and_pagination(demo: DemoStore) -> None:
     expected = [
-        "hf.co/bartowski/SmolLM2-135M-Instruct-GGUF",
+        "hf.co/bartowski/smollm2-135m-instruct-gguf",
         "library/gemma4",
         "library/llama3.2",
         "library/qwen3",
@@ -740,6 +740,30 @@ async def test_tags_list_and_pagination(tiny: TinyStore) -> None:
         r = await c.get("/v2/libr@ry/x/tags/list")
         assert r.status_code == 400
         assert error_code(r) == "NAME_INVALID"
+
+
+async def test_catalog_names_are_oci_names_tags_list_agrees(demo: DemoStore) -> None:
+    """Every repository `_catalog` lists is a valid OCI name (lowercase; skopeo and docker
+    refuse others), `tags/list` of it answers with that same name, and a manifest is found by
+    the lowercase name and by the store's spelling."""
+    from modelfs.sync.registry_names import COMPONENT
+
+    async with client_for(app_for(demo.root)) as c:
+        repos = (await c.get("/v2/_catalog")).json()["repositories"]
+        assert "hf.co/bartowski/smollm2-135m-instruct-gguf" in repos
+        for repo in repos:
+            assert all(COMPONENT.fullmatch(part) for part in repo.split("/")), repo
+            r = await c.get(f"/v2/{repo}/tags/list")
+            assert r.status_code == 200, repo
+            assert r.json()["name"] == repo
+            for tag in r.json()["tags"]:
+                got = await c.get(f"/v2/{repo}/manifests/{tag}")
+                assert got.status_code == 200, (repo, tag)
+        mixed = "/v2/hf.co/bartowski/SmolLM2-135M-Instruct-GGUF"
+        r = await c.get(f"{mixed}/tags/list")
+        lower = "hf.co/bartowski/smollm2-135m-instruct-gguf"
+        assert r.json() == {"name": lower, "tags": ["Q4_K_M"]}
+        assert (await c.get(f"{mixed}/manifests/Q4_K_M")).status_code == 200
 
 
 # -- live ------------------------------------------------------------------------------------

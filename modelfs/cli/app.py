@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from modelfs.cli.human import go_text
 from modelfs.store.durations import parse_duration
@@ -21,6 +21,9 @@ from modelfs.store.errors import StoreError
 from modelfs.store.layout import Layout, find_store_root
 from modelfs.store.scan import DEFAULT_PREFER, StoreIndex, scan_store
 from modelfs.sync.errors import SyncError
+
+if TYPE_CHECKING:
+    from modelfs.sync.credentials import Credentials
 
 log = logging.getLogger("modelfs")
 
@@ -206,7 +209,8 @@ def cmd_push(args: argparse.Namespace) -> int:
 
     index = _open_index(args)
     try:
-        run_push(index, args.names, args.to, json_lines=args.json, token_file=args.token_file)
+        credentials = _credentials(args)
+        run_push(index, args.names, args.to, json_lines=args.json, credentials=credentials)
     except SyncError as exc:
         raise UserError(str(exc)) from None
     return 0
@@ -323,7 +327,6 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_pull(args: argparse.Namespace) -> int:
     from modelfs.cli.progress import BarProgress, JsonProgress, LineProgress
-    from modelfs.sync.credentials import read_credentials
     from modelfs.sync.progress import Progress
     from modelfs.sync.pull import PullOptions, run_pull
 
@@ -331,7 +334,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
     for url in sources:
         if not url.startswith(("http://", "https://")):
             raise UserError(f"--from {url!r}: expected http://HOST[:PORT] or https://HOST[:PORT]")
-    credentials = read_credentials(args.token_file)
+    credentials = _credentials(args)
     root = _writable_root(args.store)
     progress: Progress
     if args.json:
@@ -378,9 +381,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             raise UserError(
                 f"--repair-from {url!r}: expected http://HOST[:PORT] or https://HOST[:PORT]"
             )
-    from modelfs.sync.credentials import read_credentials
-
-    credentials = read_credentials(args.token_file)
+    credentials = _credentials(args)
     root = find_store_root(args.store)
     options = VerifyOptions(
         quick=args.quick,
@@ -415,9 +416,40 @@ mismatch with sha256, and fully checks the rest; every byte is still read.
 """
 
 
-def _peer_arguments(p: argparse.ArgumentParser, token_help: str) -> None:
-    """`--token-file` and `--timeout`, for commands that fetch from peers."""
+def _login_arguments(p: argparse.ArgumentParser, token_help: str) -> None:
+    """`--token-file`, `--username`, `--password-stdin`: for commands that speak to registries
+    (without any, docker's credentials are used for registries that ask)."""
     p.add_argument("--token-file", metavar="F", type=Path, help=token_help)
+    p.add_argument(
+        "--username",
+        metavar="USER",
+        help="sign in to the registry as USER (with --password-stdin); default: the "
+        "credentials of `docker login` ($DOCKER_CONFIG/config.json, ~/.docker/config.json)",
+    )
+    p.add_argument(
+        "--password-stdin",
+        action="store_true",
+        help="read the password (or an access token) for --username from stdin",
+    )
+
+
+def _credentials(args: argparse.Namespace) -> Credentials | None:
+    """The credentials given on the command line; None: docker's, for registries that ask."""
+    from modelfs.sync.credentials import read_credentials, read_password
+
+    if (args.username is None) != (not args.password_stdin):
+        raise UserError("--username and --password-stdin go together")
+    if args.username is not None:
+        if args.token_file is not None:
+            raise UserError("--token-file and --username: give one of them")
+        return read_password(sys.stdin, args.username)
+    token_file: Path | None = args.token_file
+    return read_credentials(token_file)
+
+
+def _peer_arguments(p: argparse.ArgumentParser, token_help: str) -> None:
+    """`--token-file` (and the other sign-ins) and `--timeout`, for commands that fetch."""
+    _login_arguments(p, token_help)
     p.add_argument(
         "--timeout",
         type=_duration,
@@ -555,12 +587,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("names", nargs="+", metavar="NAME")
     p.add_argument("--to", required=True, metavar="URL", help="the registry, http(s)://HOST:PORT")
     p.add_argument("--json", action="store_true", help="progress as NDJSON lines")
-    p.add_argument(
-        "--token-file",
-        metavar="F",
-        type=Path,
-        help="a bearer token, or user:password for a registry with basic (htpasswd) auth",
-    )
+    _login_arguments(p, "a bearer token, or user:password for a registry with basic auth")
     p.set_defaults(func=cmd_push)
 
     p = sub.add_parser("pull", parents=[common], help="fetch models from peers, verified")

@@ -8,14 +8,13 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TextIO
 
 import trio
 
 from modelfs.store.scan import StoreIndex
 from modelfs.sync.client import peer_session
-from modelfs.sync.credentials import read_credentials
+from modelfs.sync.credentials import Credentials
 from modelfs.sync.push import Progress, PushResult, check_url, plan_model, push_all
 
 log = logging.getLogger(__name__)
@@ -78,7 +77,7 @@ def run_push(
     url: str,
     *,
     json_lines: bool = False,
-    token_file: str | Path | None = None,
+    credentials: Credentials | None = None,
     out: TextIO | None = None,
     err: TextIO | None = None,
 ) -> list[PushResult]:
@@ -87,7 +86,6 @@ def run_push(
     err = err or sys.stderr
     base = check_url(url)
     plans = [plan_model(index, name) for name in names]
-    credentials = read_credentials(token_file)
     terminal = TerminalProgress(err) if not json_lines and err.isatty() else None
     # httpx logs every request at INFO: worth seeing with -v, noise otherwise.
     verbose = log.isEnabledFor(logging.DEBUG)
@@ -108,7 +106,7 @@ def run_push(
             out.flush()
 
     async def main() -> list[PushResult]:
-        async with peer_session(credentials) as session:
+        async with peer_session(credentials, push=True) as session:
             try:
                 return await push_all(
                     plans, base, session.http, progress=progress, on_result=on_result

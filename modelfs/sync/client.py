@@ -31,6 +31,7 @@ PeerError (any other status, a broken response).
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import logging
@@ -38,23 +39,41 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 from urllib.parse import urljoin, urlsplit
 
 import httpx
+import trio
 
 from modelfs.store.digest import Digest
 from modelfs.store.errors import InvalidDigestError, InvalidNameError
 from modelfs.store.manifest import MAX_MANIFEST_BYTES, MEDIA_LIST
 from modelfs.store.names import Name
-from modelfs.sync.credentials import Credentials
-from modelfs.sync.errors import PeerError, PeerLiedError, PeerNotFoundError, PeerUnreachableError
-from modelfs.sync.http import READ_TIMEOUT, USER_AGENT, make_client, mapped_errors, raise_for_status
+from modelfs.sync.credentials import Credentials, Logins
+from modelfs.sync.errors import (
+    PeerAuthError,
+    PeerError,
+    PeerLiedError,
+    PeerNotFoundError,
+    PeerUnreachableError,
+)
+from modelfs.sync.http import (
+    READ_TIMEOUT,
+    USER_AGENT,
+    make_client,
+    mapped_errors,
+    raise_for_status,
+    registry_auth,
+)
 from modelfs.sync.partial import Stopped
 from modelfs.sync.protocol import DIGEST_HEADER, MANIFEST_ACCEPT
+from modelfs.sync.proxies import ProxyRules
+from modelfs.sync.tokenauth import parse_challenges, retry_delay
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 CONNECT_TIMEOUT = 10.0
 POLL = 0.25  # how often a blocked receive looks at its stop flag
@@ -111,6 +130,10 @@ class Conn:
     key: tuple[str, str, int]
     buffered: bytearray = field(default_factory=bytearray)
     used: bool = False
+    # Through an http proxy to an http URL: requests in absolute form, with these credentials
+    # for the proxy (CONNECT tunnels and direct connections need neither).
+    forward: bool = False
+    proxy_authorization: str | None = None
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -252,23 +275,20 @@ def _next_link(header: str | None, base: str) -> str | None:
 
 # -- the peer ---------------------------------------------------------------------------------
 class PeerSession:
-    """One host's credentials and the httpx client that sends them; made by `peer_session`."""
+    """One host's credentials, its httpx client and its proxies; made by `peer_session`."""
 
     def __init__(
         self,
         http: httpx.AsyncClient,
-        credentials: Credentials | None,
         read_timeout: float,
         ssl_context: ssl.SSLContext | None = None,
+        proxies: ProxyRules | None = None,
     ) -> None:
         self.http = http
-        self.credentials = credentials
+        self.auth = registry_auth(http)
         self.read_timeout = read_timeout
         self.ssl_context = ssl_context
-
-    @property
-    def authorization(self) -> str | None:
-        return None if self.credentials is None else self.credentials.authorization
+        self.proxies = proxies if proxies is not None else ProxyRules.from_environment()
 
     def peer(self, url: str) -> PeerClient:
         return PeerClient(url, self)
@@ -276,16 +296,21 @@ class PeerSession:
 
 @contextlib.asynccontextmanager
 async def peer_session(
-    credentials: Credentials | None,
+    credentials: Credentials | Logins | None,
     *,
     read_timeout: float = READ_TIMEOUT,
     ssl_context: ssl.SSLContext | None = None,
+    push: bool = False,
 ) -> AsyncIterator[PeerSession]:
-    """Where every client of a peer is made: the httpx client with `credentials` in its
-    default headers, and the same credentials for the raw large-blob receiver."""
+    """Where every client of a peer is made: the httpx client signing in with `credentials`
+    (a token file, `--username`, or else docker's; sync.tokenauth), and the same sign-in and
+    proxies for the raw large-blob receiver. `push` asks registries for `pull,push`."""
     verify: bool | ssl.SSLContext = ssl_context if ssl_context is not None else True
-    async with make_client(credentials, read_timeout=read_timeout, verify=verify) as http:
-        yield PeerSession(http, credentials, read_timeout, ssl_context)
+    proxies = ProxyRules.from_environment()
+    async with make_client(
+        credentials, read_timeout=read_timeout, verify=verify, push=push, proxies=proxies
+    ) as http:
+        yield PeerSession(http, read_timeout, ssl_context, proxies)
 
 
 class PeerClient:
@@ -506,26 +531,34 @@ class PeerClient:
         what = f"blob {digest}"
         auth = True
         origin = _split_url(url)[1:3]
-        for _ in range(MAX_REDIRECTS + 1):
+        signin = self.session.auth
+        authorization = _from_trio(signin.header, url, "GET")
+        answered = False
+        waited = 0.0
+        redirects = 0
+        while redirects <= MAX_REDIRECTS:
             scheme, host, port, target = _split_url(url)
             key = (scheme, host, port)
             if conn is not None and conn.key != key:
                 conn.close()
                 conn = None
+            if conn is None:
+                conn = self._connect(key, what)
+            host_header = f"{f'[{host}]' if ':' in host else host}" + (
+                "" if port in (80, 443) else f":{port}"
+            )
             lines = [
-                f"GET {target} HTTP/1.1",
-                f"Host: {f'[{host}]' if ':' in host else host}"
-                + ("" if port in (80, 443) else f":{port}"),
+                f"GET {f'{scheme}://{host_header}{target}' if conn.forward else target} HTTP/1.1",
+                f"Host: {host_header}",
                 f"User-Agent: {USER_AGENT}",
                 "Accept-Encoding: identity",
                 f"Range: bytes={start}-{end - 1}",
             ]
-            authorization = self.session.authorization
             if auth and authorization:
                 lines.append(f"Authorization: {authorization}")
+            if conn.proxy_authorization:
+                lines.append(f"Proxy-Authorization: {conn.proxy_authorization}")
             request = ("\r\n".join(lines) + "\r\n\r\n").encode()
-            if conn is None:
-                conn = self._connect(key, what)
             try:
                 try:
                     status, headers = self._exchange(conn, request, url, what, stop)
@@ -537,6 +570,32 @@ class PeerClient:
             except BaseException:
                 conn.close()
                 raise
+            if status == 401 and auth:
+                # The token ran out, or this host has not challenged us yet: sign in and ask
+                # again, once (the small body of the 401 is not worth reading).
+                conn.close()
+                conn = None
+                if answered:
+                    raise signin.refused(url, "GET", status)
+                challenges = parse_challenges([headers.get("www-authenticate", "")])
+                authorization = _from_trio(signin.answer, url, "GET", challenges, authorization)
+                if authorization is None:
+                    refused = httpx.Response(status, request=httpx.Request("GET", url))
+                    raise_for_status(refused, what)
+                answered = True
+                continue
+            delay = retry_delay(None, headers) if status in (429, 503) else None
+            if delay is not None and waited + delay <= signin.max_wait:
+                conn.close()
+                conn = None
+                log.info("%s: %d, waiting %.1f s as it asks", self.url, status, delay)
+                if stop.wait(delay):
+                    raise Stopped()
+                waited += delay
+                if auth:  # the token may have run out meanwhile (as in RegistryAuth's flow)
+                    authorization = _from_trio(signin.header, url, "GET")
+                    answered = False
+                continue
             keep = headers.get("connection", "").lower() != "close"
             if status in (301, 302, 303, 307, 308) and "location" in headers:
                 # The small body of a redirect is not worth reading; a new connection follows.
@@ -545,6 +604,7 @@ class PeerClient:
                 url = urljoin(url, headers["location"])
                 # Never send our token to another host (a registry's storage redirect).
                 auth = auth and _split_url(url)[1:3] == origin
+                redirects += 1
                 continue
             if status not in (200, 206):
                 conn.close()
@@ -599,25 +659,37 @@ class PeerClient:
         raise PeerError(f"{self.url}: more than {MAX_REDIRECTS} redirects for {what}")
 
     def _connect(self, key: tuple[str, str, int], what: str) -> Conn:
+        """A connection to `key`'s host, or through the proxy the environment names for it
+        (sync.proxies: the same rule the httpx client follows)."""
         scheme, host, port = key
         where = f"{scheme}://{host}:{port}"
+        proxy = self.session.proxies.proxy_for(where)
+        if proxy is not None and proxy.scheme != "http":
+            # A TLS connection to the proxy itself: httpx does that, at its own pace.
+            raise NeedsHttpx(f"{proxy.scheme} proxy for {where}")
+        dial = (host, port) if proxy is None else (proxy.host, proxy.port or 80)
+        dialled = where if proxy is None else f"proxy {proxy.host}:{proxy.port or 80}"
         try:
-            sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT)
+            sock = socket.create_connection(dial, timeout=CONNECT_TIMEOUT)
         except socket.gaierror as exc:
             raise PeerUnreachableError(
-                f"{self.url}: cannot resolve {host} ({exc.strerror})"
+                f"{self.url}: cannot resolve {dial[0]} ({exc.strerror})"
             ) from None
         except TimeoutError:
             raise PeerUnreachableError(
-                f"{self.url}: timed out connecting to {where} while fetching {what}"
+                f"{self.url}: timed out connecting to {dialled} while fetching {what}"
             ) from None
         except OSError as exc:
             reason = (exc.strerror or str(exc)).lower()
-            raise PeerUnreachableError(f"{self.url}: cannot connect ({reason})") from None
+            via = "" if proxy is None else f" to {dialled}"
+            raise PeerUnreachableError(f"{self.url}: cannot connect{via} ({reason})") from None
+        proxy_auth = _proxy_authorization(proxy)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+            if proxy is not None and scheme == "https":
+                self._tunnel(sock, host, port, proxy_auth, dialled)
             if scheme == "https":
                 context = self._ssl or ssl.create_default_context()
                 sock = context.wrap_socket(sock, server_hostname=host)
@@ -628,7 +700,42 @@ class PeerClient:
         except OSError as exc:
             sock.close()
             raise PeerUnreachableError(f"{self.url}: cannot connect ({exc.strerror})") from None
-        return Conn(sock, key)
+        except BaseException:
+            sock.close()
+            raise
+        forward = proxy is not None and scheme == "http"
+        return Conn(sock, key, forward=forward, proxy_authorization=proxy_auth if forward else None)
+
+    def _tunnel(
+        self, sock: socket.socket, host: str, port: int, proxy_auth: str | None, proxy: str
+    ) -> None:
+        """`CONNECT host:port` through an http proxy (the socket is still blocking)."""
+        target = f"{f'[{host}]' if ':' in host else host}:{port}"
+        lines = [f"CONNECT {target} HTTP/1.1", f"Host: {target}", f"User-Agent: {USER_AGENT}"]
+        if proxy_auth:
+            lines.append(f"Proxy-Authorization: {proxy_auth}")
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            if len(buf) > MAX_HEADER:
+                raise PeerError(f"{self.url}: {proxy}: CONNECT answer over {MAX_HEADER} bytes")
+            try:
+                chunk = sock.recv(4096)
+            except TimeoutError:
+                raise PeerUnreachableError(f"{self.url}: {proxy}: no answer to CONNECT") from None
+            if not chunk:
+                raise PeerUnreachableError(f"{self.url}: {proxy} closed the CONNECT")
+            buf += chunk
+        try:
+            status, _ = _parse_head(buf[: buf.index(b"\r\n\r\n")])
+        except ValueError as exc:
+            raise PeerError(f"{self.url}: {proxy}: broken CONNECT answer ({exc})") from None
+        if status == 407:
+            raise PeerAuthError(f"{self.url}: {proxy} refused CONNECT to {target} (407)")
+        if status != 200:
+            raise PeerUnreachableError(
+                f"{self.url}: {proxy} refused CONNECT to {target} (HTTP {status})"
+            )
 
     def _exchange(
         self, conn: Conn, request: bytes, url: str, what: str, stop: threading.Event
@@ -678,3 +785,17 @@ class PeerClient:
 
 class _StaleConnection(Exception):
     pass
+
+
+def _proxy_authorization(proxy: httpx.URL | None) -> str | None:
+    """Basic credentials for a proxy named `http://user:pass@host:port`, as httpx sends them."""
+    if proxy is None or not proxy.username:
+        return None
+    raw = f"{proxy.username}:{proxy.password}".encode()
+    return "Basic " + base64.b64encode(raw).decode("ascii")
+
+
+def _from_trio(fn: Callable[..., Awaitable[T]], *args: object) -> T:
+    """Run the async `fn` in the trio loop from the worker thread the raw receiver runs in
+    (the sign-in's token cache and token client live there)."""
+    return trio.from_thread.run(fn, *args)

@@ -8,13 +8,15 @@ from collections.abc import Iterator
 
 import httpx
 
-from modelfs.sync.credentials import Credentials
+from modelfs.sync.credentials import Credentials, Logins
 from modelfs.sync.errors import (
     PeerAuthError,
     PeerError,
     PeerNotFoundError,
     PeerUnreachableError,
 )
+from modelfs.sync.proxies import ProxyRouter, ProxyRules
+from modelfs.sync.tokenauth import MAX_WAIT, RegistryAuth, retry_delay
 
 USER_AGENT = "modelfs/0.1"
 # A stalled peer is one that sends nothing for this long; a slow one that keeps sending is fine.
@@ -22,23 +24,46 @@ READ_TIMEOUT = 30.0
 
 
 def make_client(
-    credentials: Credentials | None = None,
+    credentials: Credentials | Logins | None = None,
     *,
     read_timeout: float = READ_TIMEOUT,
     verify: bool | str | ssl.SSLContext = True,
+    push: bool = False,
+    proxies: ProxyRules | None = None,
 ) -> httpx.AsyncClient:
-    """An httpx client that sends `credentials` with every request (httpx drops the header
-    on a redirect to another host, such as a registry's blob storage)."""
-    headers = {"User-Agent": USER_AGENT}
-    if credentials is not None:
-        headers["Authorization"] = credentials.authorization
-    return httpx.AsyncClient(
-        headers=headers,
-        timeout=httpx.Timeout(connect=10.0, read=read_timeout, write=read_timeout, pool=None),
-        follow_redirects=True,
+    """An httpx client for peers and registries: every request routed by the proxy rules
+    (sync.proxies, the environment's by default) and signed in by `RegistryAuth` (a token
+    file's header as it is; docker's credentials and tokens when a registry asks), which
+    httpx keeps off redirects to another host, such as a registry's blob storage."""
+    logins = credentials if isinstance(credentials, Logins) else Logins(credentials)
+    rules = proxies if proxies is not None else ProxyRules.from_environment()
+    timeout = httpx.Timeout(connect=10.0, read=read_timeout, write=read_timeout, pool=None)
+
+    # One transport (pool and proxies) for both: the token client needs no closing of its
+    # own, since closing `http` closes it.
+    transport = ProxyRouter(
+        rules,
         verify=verify,
         limits=httpx.Limits(max_connections=32, max_keepalive_connections=16),
     )
+
+    def client(auth: httpx.Auth | None) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            headers={"User-Agent": USER_AGENT},
+            timeout=timeout,
+            follow_redirects=True,
+            transport=transport,
+            auth=auth,
+        )
+
+    return client(RegistryAuth(logins, client(None), push=push))
+
+
+def registry_auth(http: httpx.AsyncClient) -> RegistryAuth:
+    """The `RegistryAuth` of a client `make_client` made."""
+    auth = http.auth
+    assert isinstance(auth, RegistryAuth)
+    return auth
 
 
 def raise_for_status(response: httpx.Response, what: str) -> None:
@@ -51,6 +76,12 @@ def raise_for_status(response: httpx.Response, what: str) -> None:
         raise PeerAuthError(f"{where}: {status} (no or wrong token) while fetching {what}")
     if status == 404:
         raise PeerNotFoundError(f"{where}: 404, {what} not found")
+    delay = retry_delay(response)
+    if delay is not None:
+        raise PeerError(
+            f"{where}: HTTP {status} while fetching {what} (it asks to wait {delay:.0f} s; "
+            f"modelfs waits at most {MAX_WAIT:.0f} s in all for one request)"
+        )
     raise PeerError(f"{where}: HTTP {status} while fetching {what}")
 
 

@@ -95,6 +95,7 @@ from modelfs.store.names import Name
 from modelfs.store.scan import DEFAULT_PREFER, ScanCache, StoreIndex, scan_store
 from modelfs.store.watch import store_signature
 from modelfs.sync.protocol import API_VERSION_HEADER, DIGEST_HEADER, name_from_repository
+from modelfs.sync.registry_names import RegistryNameError, repository_for
 from modelfs.sync.signin import SERVICE, TOKEN_PATH, Access, Refused, SignInRequest
 
 log = logging.getLogger(__name__)
@@ -357,6 +358,18 @@ def _sort_key(text: str) -> tuple[str, str]:
 
 
 # -- the store, as served --------------------------------------------------------------------
+def listed_repository(name: Name) -> str:
+    """The repository `_catalog` and `tags/list` give for a model: the lowercase OCI name
+    `modelfs push` would use (the distribution spec allows no uppercase, and OCI clients refuse
+    a catalog or a `tags/list` answer holding it). Lookups fold case either way, so the store's
+    spelling still finds the model. A name with no OCI form (a leading `_`) is listed
+    lowercased, so modelfs peers still see it."""
+    try:
+        return repository_for(name)
+    except RegistryNameError:
+        return name.repository.lower()
+
+
 @dataclass(slots=True)
 class Repo:
     name: str  # as spelled on disk
@@ -386,7 +399,7 @@ class View:
             for variant in entry.variants:
                 view._add_manifest(variant.manifest)
             key = entry.name.key[:3]
-            repo = view.repos.setdefault(key, Repo(entry.name.repository, []))
+            repo = view.repos.setdefault(key, Repo(listed_repository(entry.name), []))
             repo.tags.append(entry.name.tag)
             if not entry.name.is_default_host:
                 view.elsewhere.setdefault(entry.name.key[1:], []).append(entry.name)
