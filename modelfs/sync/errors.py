@@ -9,10 +9,15 @@
     └── LocalWriteError         our side: disk full, permission denied
 
 Each message is one line naming the peer (URL) and what was asked, so the CLI prints it as is.
-Store-layer errors (`store.errors.StoreError`) pass through unchanged.
+Store-layer errors (`store.errors.StoreError`) pass through unchanged. `local_error` turns an
+OSError of writing into the store into the `LocalWriteError` that names the store.
 """
 
 from __future__ import annotations
+
+import errno
+
+from modelfs.store.layout import Layout
 
 
 class SyncError(Exception):
@@ -41,3 +46,15 @@ class PeerUnreachableError(SyncError):
 
 class LocalWriteError(SyncError):
     pass
+
+
+def local_error(exc: OSError, layout: Layout, what: str) -> LocalWriteError:
+    """`exc`, raised writing `what` into the store at `layout`, as one line naming the store."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return LocalWriteError(f"no space left on device for {what} in the store {layout.root}")
+    if exc.errno == errno.EXDEV:
+        return LocalWriteError(
+            f"{layout.tmp} and {layout.blobs} are on different filesystems; cannot write {what}"
+        )
+    why = exc.strerror or str(exc)
+    return LocalWriteError(f"cannot write {what} in the store {layout.root}: {why}")
