@@ -37,6 +37,7 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
 
+from modelfs.runtime.groups import unwrapped
 from modelfs.sync.credentials import read_credentials
 
 log = logging.getLogger(__name__)
@@ -279,14 +280,8 @@ def run_server(
     hard_stop = threading.Timer(HARD_STOP, exit_now)
     hard_stop.daemon = True
     try:
-        trio.run(main)
-    except BaseExceptionGroup as group:
         # A ServeError from start-up arrives wrapped by the nurseries it passed through.
-        sole: BaseException = group
-        while isinstance(sole, BaseExceptionGroup) and len(sole.exceptions) == 1:
-            sole = sole.exceptions[0]
-        if isinstance(sole, ServeError):
-            raise sole from None
-        raise
+        with unwrapped(ServeError):
+            trio.run(main)
     finally:
         hard_stop.cancel()
