@@ -1,12 +1,14 @@
 """Errors of the sync layer.
 
-    SyncError                   base: everything `sync` raises about a transfer
+    SyncError                   base: everything `sync` raises (the CLI prints it as one line)
     ├── PeerError               a peer answered badly (HTTP status, bad body)
     │   ├── PeerAuthError       401/403: no or wrong token
     │   ├── PeerNotFoundError   404: no such repository, tag or blob
     │   └── PeerLiedError       bytes that do not hash to the digest asked for, a wrong length
     ├── PeerUnreachableError    refused connection, DNS, TLS, timeout, stall
-    └── LocalWriteError         our side: disk full, permission denied
+    ├── LocalWriteError         our side: disk full, permission denied
+    └── elsewhere in sync/: ConfigError, CredentialsError, PushError, ServeError (the server
+        cannot start), AccessConfigError (an unusable keys file)
 
 Each message is one line naming the peer (URL) and what was asked, so the CLI prints it as is.
 Store-layer errors (`store.errors.StoreError`) pass through unchanged. `local_error` turns an

@@ -39,6 +39,7 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from modelfs.runtime.groups import unwrapped
 from modelfs.sync.credentials import read_credentials
+from modelfs.sync.errors import SyncError
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ HARD_STOP = GRACE + 2.0  # `modelfs serve` exits this long after a signal, whate
 _LISTEN = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.%\w]+)\]|(?P<host>[^\[\]:]*)):(?P<port>[0-9]{1,5})")
 
 
-class ServeError(Exception):
+class ServeError(SyncError):
     """The server cannot start (address, certificate, token); one line for the user."""
 
 
