@@ -32,7 +32,7 @@ from modelfs.store.digest import Digest, is_blob_name
 from modelfs.store.layout import Layout
 from modelfs.store.manifest import MEDIA_LIST, MEDIA_MANIFEST, ManifestList, parse_manifest
 from modelfs.store.names import parse_name
-from modelfs.store.scan import scan_store
+from modelfs.store.scan import rank_children, scan_store
 from modelfs.sync.credentials import Credentials, CredentialsError, read_credentials
 from modelfs.sync.errors import (
     LocalWriteError,
@@ -42,8 +42,9 @@ from modelfs.sync.errors import (
     PeerNotFoundError,
     PeerUnreachableError,
 )
+from modelfs.sync.manifests import anchor_bytes
 from modelfs.sync.partial import PartialBlob, RangeSet, split
-from modelfs.sync.pull import PullOptions, anchor_bytes, pull, select_children
+from modelfs.sync.pull import PullOptions, pull
 from tests.builders import TinyStore
 from tests.fakepeer import FakePeer, Fault
 
@@ -170,14 +171,14 @@ def test_rangeset_merges_and_reports_gaps() -> None:
     assert split([(0, 10), (20, 25)], 4) == [(0, 4), (4, 8), (8, 10), (20, 24), (24, 25)]
 
 
-def test_select_children_by_prefer(tmp_path: Path) -> None:
+def test_rank_children_by_prefer(tmp_path: Path) -> None:
     demo = build_demo_store(tmp_path / "demo")
     lst = parse_manifest(demo.lists[GEMMA].raw, "list")
     assert isinstance(lst, ManifestList)
-    assert select_children(lst, ("llamacpp", "ggml", "mlx"), False) == [0]
-    assert select_children(lst, ("mlx", "llamacpp"), False) == [1]
-    assert select_children(lst, ("cuda",), False) == [0]  # none preferred: list order
-    assert select_children(lst, ("mlx",), True) == [1, 0]  # all, best first
+    assert rank_children(lst, ("llamacpp", "ggml", "mlx"))[0] == 0
+    assert rank_children(lst, ("mlx", "llamacpp"))[0] == 1
+    assert rank_children(lst, ("cuda",))[0] == 0  # none preferred: list order
+    assert rank_children(lst, ("mlx",)) == [1, 0]  # all, best first
 
 
 def test_anchor_is_the_demo_stores(tmp_path: Path) -> None:

@@ -106,7 +106,7 @@ def test_a_partial_with_holes_is_finished_from_python_http_server(
 def test_a_partial_is_finished_from_a_chunked_peer_that_ignores_range(
     tmp_path: Path, src: tuple[TinyStore, bytes, Digest, Path]
 ) -> None:
-    """Chunked answers go through httpx (sync.pull `_receive_httpx_range`), which drops the
+    """Chunked answers go through httpx (sync.fastpath `_receive_httpx_range`), which drops the
     prefix of each whole-blob answer."""
     tiny, payload, big, www = src
     b = Layout(tmp_path / "b")

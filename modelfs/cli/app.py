@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from modelfs.cli.human import go_text
+from modelfs.fsd.errors import MountError
 from modelfs.store.durations import parse_duration
 from modelfs.store.errors import StoreError
 from modelfs.store.layout import Layout, find_store_root
@@ -33,6 +34,12 @@ GC_BUSY = 75  # EX_TEMPFAIL: another GC holds the lock; try later (modelfs-gc.se
 
 class UserError(Exception):
     """A mistake the user can fix; printed as one line."""
+
+
+# Each layer's one base error, and the CLI's own: caught only in `run`, where each becomes
+# one line `modelfs: error: …` and exit 1. A command catches one of these only to say more
+# (which file, which setting), never to re-wrap it.
+USER_ERRORS = (StoreError, SyncError, MountError, UserError)
 
 
 def _prefer(text: str) -> tuple[str, ...]:
@@ -127,19 +134,16 @@ def cmd_demo_store(args: argparse.Namespace) -> int:
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
-    from modelfs.fsd.mount import Mount, MountError
+    from modelfs.fsd.mount import Mount
 
     root = find_store_root(args.store)
-    try:
-        Mount(
-            root,
-            args.mountpoint,
-            prefer=args.prefer,
-            data=args.data,
-            allow_other=args.allow_other,
-        ).run()
-    except MountError as exc:
-        raise UserError(str(exc)) from None
+    Mount(
+        root,
+        args.mountpoint,
+        prefer=args.prefer,
+        data=args.data,
+        allow_other=args.allow_other,
+    ).run()
     return 0
 
 
@@ -170,49 +174,39 @@ def cmd_build_passthrough(args: argparse.Namespace) -> int:
 
 
 def cmd_umount(args: argparse.Namespace) -> int:
-    from modelfs.fsd.mount import MountError, unmount
+    from modelfs.fsd.mount import unmount
 
-    try:
-        unmount(args.mountpoint)
-    except MountError as exc:
-        raise UserError(str(exc)) from None
+    unmount(args.mountpoint)
     return 0
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from modelfs.sync.serve import ServeError, run_server
+    from modelfs.sync.serve import run_server
 
     root = find_store_root(args.store)
 
     def ready(url: str) -> None:
         print(f"listening on {url}", flush=True)
 
-    try:
-        run_server(
-            root,
-            listen=args.listen,
-            token_file=args.token_file,
-            authorized_keys=args.authorized_keys,
-            tls_cert=args.tls_cert,
-            tls_key=args.tls_key,
-            prefer=args.prefer,
-            ready=ready,
-        )
-    except ServeError as exc:
-        raise UserError(str(exc)) from None
+    run_server(
+        root,
+        listen=args.listen,
+        token_file=args.token_file,
+        authorized_keys=args.authorized_keys,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        prefer=args.prefer,
+        ready=ready,
+    )
     return 0
 
 
 def cmd_push(args: argparse.Namespace) -> int:
     from modelfs.cli.push import run_push
-    from modelfs.sync.errors import SyncError
 
     index = _open_index(args)
-    try:
-        credentials = _credentials(args)
-        run_push(index, args.names, args.to, json_lines=args.json, credentials=credentials)
-    except SyncError as exc:
-        raise UserError(str(exc)) from None
+    credentials = _credentials(args)
+    run_push(index, args.names, args.to, json_lines=args.json, credentials=credentials)
     return 0
 
 
@@ -288,7 +282,6 @@ def cmd_sync(args: argparse.Namespace) -> int:
     from modelfs.sync.config import load_config
     from modelfs.sync.credentials import CredentialsError, read_credentials
     from modelfs.sync.daemon import run_daemon
-    from modelfs.sync.serve import ServeError
 
     config = load_config(args.config)
     root = _writable_root(args.store or config.store)
@@ -305,10 +298,7 @@ def cmd_sync(args: argparse.Namespace) -> int:
             raise UserError(f"{config.path}: authorized_keys: {exc}") from None
     if config.token_file is None and config.peers:
         log.info("no token_file: peers must serve loopback clients without a token")
-    try:
-        run_daemon(config, Layout(root))
-    except ServeError as exc:
-        raise UserError(str(exc)) from None
+    run_daemon(config, Layout(root))
     return 0
 
 
@@ -809,7 +799,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         # "Exception ignored" and exits 120.
         sys.stdout.flush()
         return status
-    except (StoreError, SyncError, UserError) as exc:
+    except USER_ERRORS as exc:
         _error(str(exc))
         return 1
     except BrokenPipeError:

@@ -17,6 +17,7 @@ import trio
 
 from modelfs.fsd import loop, privhelper
 from modelfs.fsd.builder import NameTree, TreeBuilder
+from modelfs.fsd.errors import MountError
 from modelfs.fsd.nodes import DirNode, InodeTable
 from modelfs.fsd.ops import ModelOperations
 from modelfs.runtime.inotify import StoreWatch, WatchError
@@ -34,10 +35,6 @@ POLL_INTERVAL = 1.0  # with a 1 s name timeout, a change shows within 2 s
 # was missed (a change made under another mount of the same filesystem is still seen).
 SAFETY_INTERVAL = 30.0
 READ_AHEAD_KB = 1024
-
-
-class MountError(Exception):
-    """The mount could not be set up; the message is one line for the user."""
 
 
 def changed_entries(old: NameTree, new: NameTree) -> Iterable[tuple[int, str]]:

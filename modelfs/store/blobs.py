@@ -93,7 +93,7 @@ class BlobStore:
     def install(self, temp: Path, digest: Digest) -> Path:
         """Rename a finished temp file, which the caller hashed and fsynced, to its blob name.
 
-        For writers that verified the bytes as they arrived (sync.pull): no second read. The
+        For writers that verified the bytes as they arrived (sync.transfer): no second read. The
         rename replaces whatever is there (a blob of the wrong size is never written in place).
         `temp` must be on the store's filesystem (`.modelfs/tmp/`).
         """

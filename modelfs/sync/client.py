@@ -18,7 +18,7 @@ thread. Measured on this project's 2-vCPU machine (with tests/fakepeer.py on
 loopback): httpx streaming a 1 GiB body plus hashing and writing runs
 at 0.1-0.4 GB/s on 3-7 s of CPU, nearly all of it Python-level rechunking in the one
 event-loop thread; `recv_into` in a thread runs at the wire's speed on ~0.2 s of CPU per
-GiB, which leaves a core for sha256 (sync.pull). A response the small client does not
+GiB, which leaves a core for sha256 (sync.fastpath). A response the small client does not
 understand (chunked, compressed, no Content-Length) raises `NeedsHttpx`, and the caller
 fetches that range with httpx instead.
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import trio
 
+from modelfs.runtime.groups import unwrapped
 from modelfs.store.digest import Digest
 from modelfs.store.gc import (
     FileItem,
@@ -35,7 +36,6 @@ from modelfs.store.gc import (
 from modelfs.store.layout import Layout
 from modelfs.store.lockfile import LockFile, host_id
 from modelfs.store.scan import Problem
-from modelfs.sync.threads import sole
 
 log = logging.getLogger(__name__)
 
@@ -298,16 +298,12 @@ async def run_gc(
     await trio.to_thread.run_sync(lock.acquire)
     run = _Run(layout, policy, report, lock)
     try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(run.heartbeat)
-            with run.work:
-                await run.collect()
-            nursery.cancel_scope.cancel()
-    except BaseExceptionGroup as group:
-        exc = sole(group)
-        if exc is group:
-            raise
-        raise exc from None
+        with unwrapped():
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(run.heartbeat)
+                with run.work:
+                    await run.collect()
+                nursery.cancel_scope.cancel()
     finally:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(lock.release)

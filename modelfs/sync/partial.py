@@ -20,7 +20,7 @@ Writes go through `PartialBlob.write`: O_DIRECT for the block-aligned part (from
 page-aligned buffers of an `AlignedPool`), an ordinary pwrite for the rest, or everything
 where the filesystem refuses O_DIRECT (tmpfs).
 
-Nothing here imports trio or httpx; the executor in sync.pull drives it from threads.
+Nothing here imports trio or httpx; the fast path in sync.fastpath drives it from threads.
 """
 
 from __future__ import annotations

@@ -37,7 +37,9 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
 
+from modelfs.runtime.groups import unwrapped
 from modelfs.sync.credentials import read_credentials
+from modelfs.sync.errors import SyncError
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +49,7 @@ HARD_STOP = GRACE + 2.0  # `modelfs serve` exits this long after a signal, whate
 _LISTEN = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.%\w]+)\]|(?P<host>[^\[\]:]*)):(?P<port>[0-9]{1,5})")
 
 
-class ServeError(Exception):
+class ServeError(SyncError):
     """The server cannot start (address, certificate, token); one line for the user."""
 
 
@@ -279,14 +281,8 @@ def run_server(
     hard_stop = threading.Timer(HARD_STOP, exit_now)
     hard_stop.daemon = True
     try:
-        trio.run(main)
-    except BaseExceptionGroup as group:
         # A ServeError from start-up arrives wrapped by the nurseries it passed through.
-        sole: BaseException = group
-        while isinstance(sole, BaseExceptionGroup) and len(sole.exceptions) == 1:
-            sole = sole.exceptions[0]
-        if isinstance(sole, ServeError):
-            raise sole from None
-        raise
+        with unwrapped(ServeError):
+            trio.run(main)
     finally:
         hard_stop.cancel()

@@ -48,6 +48,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import load_ssh_public_key
 
 from modelfs.store.fileio import read_file
+from modelfs.sync.errors import SyncError
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ EMPTY_BODY = base64.b64encode(hashlib.sha256(b"").hexdigest().encode()).decode()
 _KEY_TYPE = "ssh-ed25519"
 
 
-class AccessConfigError(Exception):
+class AccessConfigError(SyncError):
     """The keys file cannot be used at start-up; one line for the user."""
 
 

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import trio
 
+from modelfs.runtime.groups import unwrapped
 from modelfs.sync.partial import Stopped
 
 T = TypeVar("T")
@@ -54,21 +55,8 @@ async def in_thread(fn: Callable[..., T], *args: Any, stop: threading.Event) -> 
         raise
 
 
-def sole(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    """The one exception inside nested single-member groups; the group itself otherwise."""
-    exc: BaseException = group
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc
-
-
 def run_unwrapped(main: Callable[[], Awaitable[T]]) -> T:
     """`trio.run(main)`, raising a nursery's lone failure as itself: the CLI prints a
     SyncError as one line."""
-    try:
+    with unwrapped():
         return trio.run(main)
-    except BaseExceptionGroup as group:
-        exc = sole(group)
-        if exc is group:
-            raise
-        raise exc from None
