@@ -54,6 +54,19 @@ def test_gc_in_a_tight_loop_on_one_host_never_takes_what_another_is_pulling(
             stderr=subprocess.PIPE,
             env={**_env(), "MODELFS_HOST_ID": "host-a"},
         )
+        # Until the pull's lease is on disk nothing says these blobs are wanted, and GC at
+        # --grace 0 may take them (the pull then fetches them again). The claim is about the
+        # pull under way: from its lease on, GC takes none of them.
+        lease = shared.layout.leases / f"host-a.{puller.pid}.pull.json"
+        first = manifest["layers"][1]["digest"]
+
+        def leased() -> bool:
+            try:
+                return first in lease.read_text()
+            except FileNotFoundError:
+                return False
+
+        wait_until(lambda: leased() or puller.poll() is not None, 30)
         runs, trashed = 0, []
         while puller.poll() is None:
             r = gc_as(
