@@ -6,6 +6,7 @@ import hashlib
 import os
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from io import BufferedIOBase
 
 from modelfs.store.errors import InvalidDigestError
@@ -35,10 +36,19 @@ class Digest:
         """Parse `sha256:<hex>` or `sha256-<hex>`; raise InvalidDigestError otherwise."""
         if not isinstance(text, str):
             raise InvalidDigestError(f"invalid digest: {text!r}")
+        if cls is Digest:
+            return _parse_cached(text)
+        return cls._parse_new(text)
+
+    @classmethod
+    def _parse_new(cls, text: str) -> Digest:
         m = _DIGEST.fullmatch(text)
         if m is None:
             raise InvalidDigestError(f"invalid digest: {text[:80]!r}")
-        return cls(m.group(1).lower())
+        # The regex has proved the hex: skip __post_init__'s second match.
+        digest = object.__new__(cls)
+        object.__setattr__(digest, "hex", m.group(1).lower())
+        return digest
 
     @classmethod
     def of_bytes(cls, data: bytes) -> Digest:
@@ -61,6 +71,15 @@ class Digest:
 
     def __str__(self) -> str:
         return f"sha256:{self.hex}"
+
+
+@lru_cache(maxsize=1 << 16)
+def _parse_cached(text: str) -> Digest:
+    # A store's manifests name the same few thousand digests over and over (shared template,
+    # license and config layers; the same child in many lists): one match per distinct string.
+    # Digests are immutable, so sharing one object is safe; a bad string raises every time
+    # (lru_cache does not cache exceptions).
+    return Digest._parse_new(text)
 
 
 def is_blob_name(name: str) -> bool:

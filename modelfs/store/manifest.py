@@ -143,6 +143,32 @@ def _str(obj: dict[str, Any], key: str, source: str, *, required: bool = False) 
 
 
 def _layer(obj: Any, source: str) -> Layer:
+    # Runs for every layer of every manifest of a scan (tens of thousands): the common case,
+    # ASCII strings and an int size, is checked inline; anything else takes the path that
+    # says what is wrong.
+    if type(obj) is dict:
+        media_type, digest_text, size = obj.get("mediaType"), obj.get("digest"), obj.get("size")
+        if (
+            type(media_type) is str
+            and type(digest_text) is str
+            and type(size) is int
+            and size >= 0
+            and media_type.isascii()
+        ):
+            try:
+                digest = Digest.parse(digest_text)
+            except InvalidDigestError:
+                pass  # the slow path raises the ManifestError
+            else:
+                name, from_ = obj.get("name"), obj.get("from")
+                if (name is None or (type(name) is str and name.isascii())) and (
+                    from_ is None or (type(from_) is str and from_.isascii())
+                ):
+                    return Layer(media_type, digest, size, name, from_)
+    return _checked_layer(obj, source)
+
+
+def _checked_layer(obj: Any, source: str) -> Layer:
     if not isinstance(obj, dict):
         raise ManifestError(f"{source}: a layer is not an object")
     media_type = _str(obj, "mediaType", source, required=True)

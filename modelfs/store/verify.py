@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import stat
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -104,8 +105,7 @@ def hash_fd(
     """xxh3-128, and sha256 when asked, of everything `fd` holds from offset 0, in one pass."""
     sha = hashlib.sha256() if sha256 else None
     xxh = xxhash.xxh3_128()
-    buf = bytearray(chunk)
-    view = memoryview(buf)
+    view = memoryview(_buffer(chunk))
     pos = 0
     try:
         while n := os.preadv(fd, [view], pos):
@@ -120,6 +120,18 @@ def hash_fd(
     finally:
         view.release()
     return Hashes(sha.hexdigest() if sha is not None else None, xxh.hexdigest(), pos)
+
+
+_local = threading.local()
+
+
+def _buffer(chunk: int) -> bytearray:
+    """This thread's read buffer: allocating (and faulting in) 4 MiB per blob cost as much
+    as hashing a store's thousands of small blobs."""
+    buf: bytearray | None = getattr(_local, "buf", None)
+    if buf is None or len(buf) != chunk:
+        buf = _local.buf = bytearray(chunk)
+    return buf
 
 
 @dataclass(slots=True)

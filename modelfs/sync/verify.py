@@ -4,11 +4,11 @@
     run_verify(root, options) -> Report               under trio.run, for the CLI
 
 1. Scan the store (manifests, what they name, strays, misnamed blobs) and load the verify cache.
-2. Check every `blobs/sha256-<hex>`, largest first, one blob per worker thread
-   (`trio.to_thread.run_sync` under a CapacityLimiter of `os.cpu_count()`; hashlib and xxhash
-   release the GIL, so a full check runs sha256 on every core). Full: sha256 + xxh3 of every
-   blob. Quick: xxh3 only for blobs whose inode, size and mtime match the cache (sha256 to
-   confirm a mismatch), a full check for the others.
+2. Check every `blobs/sha256-<hex>`, largest first, one large blob or a batch of small ones
+   per worker thread (`trio.to_thread.run_sync` under a CapacityLimiter of `os.cpu_count()`;
+   hashlib and xxhash release the GIL, so a full check runs sha256 on every core). Full:
+   sha256 + xxh3 of every blob. Quick: xxh3 only for blobs whose inode, size and mtime match
+   the cache (sha256 to confirm a mismatch), a full check for the others.
 3. Move each corrupt blob to `.modelfs/quarantine/` by rename. Out of `blobs/`, it is no longer
    served: the mount rebuilds its tree when `blobs/` changes and lists no file whose blob is
    missing, and `modelfs serve` opens blobs only from `blobs/`.
@@ -40,6 +40,7 @@ from modelfs.store.scan import scan_store
 from modelfs.store.verify import (
     BlobCheck,
     CacheEntry,
+    Interrupted,
     VerifyCache,
     check_blob,
     drop_quarantined,
@@ -102,27 +103,69 @@ def _check_and_quarantine(
     return check
 
 
+BATCH_BYTES = 8 << 20  # small blobs go to a thread together, up to this many bytes…
+BATCH_BLOBS = 256  # …or this many: a thread hand-off costs as much as hashing a small blob
+
+
+def _batches(blobs: list[tuple[str, int]]) -> list[list[str]]:
+    """Blob names in work units: a large blob alone, small ones together (largest first)."""
+    out: list[list[str]] = []
+    batch: list[str] = []
+    size = 0
+    for name, n in blobs:
+        if n >= BATCH_BYTES:
+            out.append([name])
+            continue
+        if batch and (size + n > BATCH_BYTES or len(batch) >= BATCH_BLOBS):
+            out.append(batch)
+            batch, size = [], 0
+        batch.append(name)
+        size += n
+    if batch:
+        out.append(batch)
+    return out
+
+
+def _check_batch(
+    layout: Layout,
+    names: list[str],
+    entries: dict[str, CacheEntry],
+    *,
+    quick: bool,
+    stop: Callable[[], bool],
+) -> list[BlobCheck]:
+    checks = []
+    for name in names:
+        if stop():
+            raise Interrupted()
+        checks.append(
+            _check_and_quarantine(layout, name, entries.get(name), quick=quick, stop=stop)
+        )
+    return checks
+
+
 async def _check_all(
     layout: Layout, blobs: list[tuple[str, int]], cache: VerifyCache, options: VerifyOptions
 ) -> dict[str, BlobCheck]:
     limiter = trio.CapacityLimiter(max(1, options.workers))
     results: dict[str, BlobCheck] = {}
-    todo = iter(blobs)
+    todo = iter(_batches(blobs))
     total = sum(size for _, size in blobs)
     done = [0]
 
     async def worker() -> None:
-        for name, _ in todo:
+        for names in todo:
             stop = threading.Event()  # set by in_thread when we are cancelled (Ctrl-C)
             async with limiter:
-                check = await in_thread(
-                    partial(_check_and_quarantine, layout, quick=options.quick, stop=stop.is_set),
-                    name,
-                    cache.entries.get(name),
+                checks = await in_thread(
+                    partial(_check_batch, layout, quick=options.quick, stop=stop.is_set),
+                    names,
+                    cache.entries,
                     stop=stop,
                 )
-            results[name] = check
-            done[0] += check.size
+            for check in checks:
+                results[check.name] = check
+                done[0] += check.size
 
     async def progress() -> None:
         while True:
