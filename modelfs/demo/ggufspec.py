@@ -4,9 +4,11 @@ shares."""
 
 from __future__ import annotations
 
+import logging
 import tempfile
 import zlib
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,6 +96,24 @@ class TensorSpec:
 # --------------------------------------------------------------------------------------------
 # GGUF files
 
+# gguf's writer logs at INFO on every file ("Writing the following files: ..."), which a
+# command that prints its own summary must not show. Filtering its logger only while our
+# writer runs leaves logging as a library user configured it, gguf's other messages included.
+_GGUF_WRITER_LOG = logging.getLogger("gguf.gguf_writer")
+
+
+def _drop_info(record: logging.LogRecord) -> bool:
+    return record.levelno > logging.INFO
+
+
+@contextmanager
+def _writer_quiet() -> Iterator[None]:
+    _GGUF_WRITER_LOG.addFilter(_drop_info)
+    try:
+        yield
+    finally:
+        _GGUF_WRITER_LOG.removeFilter(_drop_info)
+
 
 @dataclass
 class GGUFSpec:
@@ -103,7 +123,7 @@ class GGUFSpec:
 
     def header(self) -> bytes:
         """Magic, KVs and tensor infos, written by the gguf package's own writer."""
-        with tempfile.TemporaryDirectory(prefix="modelfs-demo-") as tmp:
+        with _writer_quiet(), tempfile.TemporaryDirectory(prefix="modelfs-demo-") as tmp:
             path = Path(tmp) / "header.gguf"
             w = gguf.GGUFWriter(path, self.arch)
             for key, value in self.kv.items():
