@@ -16,7 +16,7 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
-from modelfs.demo import _GEMMA_SPECIALS, _spm_vocab  # noqa: E402
+from modelfs.demo.vocab import GEMMA_SPECIALS, spm_vocab  # noqa: E402
 from modelfs.store.compat import CompatViews, compat_views  # noqa: E402
 from modelfs.store.compat.compute import ComputeCache  # noqa: E402
 from modelfs.store.compat.view import GGUFView  # noqa: E402
@@ -96,7 +96,7 @@ def materialize(view: GGUFView, tmp_path: Path, cache: ComputeCache | None = Non
 
 
 def bpe_tokenizer(vocab: Any, pre: str, **ids: int) -> list[KV]:
-    """A GPT-2 style tokenizer's KVs from `modelfs.demo._bpe_vocab`; `ids` are
+    """A GPT-2 style tokenizer's KVs from `modelfs.demo.vocab.bpe_vocab`; `ids` are
     `tokenizer.ggml.<name>_token_id` values."""
     return [
         ("tokenizer.ggml.model", "gpt2", V.STRING),
@@ -681,7 +681,7 @@ def gemma3_runnable(
     layout: vision tensors inline, nested rope names, no rms epsilon, 8 image tokens past
     the embedding rows. Upstream llama.cpp refuses it; its view loads and generates.
     `vision` and `vision_kvs` replace its three vision tensors and add KVs."""
-    vocab = _spm_vocab(_GEMMA_SPECIALS)
+    vocab = spm_vocab(GEMMA_SPECIALS)
     n = len(vocab.tokens)
     e, heads, kv_heads, hd, ff = 64, 2, 1, 32, 128
     kvs: list[KV] = [
@@ -816,7 +816,7 @@ def test_llama_cpp_loads_the_view_it_refuses_raw(tmp_path: Path) -> None:
         llm = llama_cpp.Llama(
             model_path=str(d / "llama.cpp" / "model.gguf"), n_ctx=64, verbose=False
         )
-        assert llm.n_vocab() == len(_spm_vocab(_GEMMA_SPECIALS).tokens)  # image tokens cut
+        assert llm.n_vocab() == len(spm_vocab(GEMMA_SPECIALS).tokens)  # image tokens cut
         tokens = llm.tokenize(b"hello world", add_bos=False)
         assert llm.detokenize(tokens).lstrip() == b"hello world"  # SPM: a leading space
         out = llm("hello", max_tokens=3, temperature=0.0)
@@ -847,9 +847,9 @@ def test_llamacpp_children_and_non_gguf_blobs_get_no_view(tmp_path: Path) -> Non
 def test_llama_cpp_reads_the_gptoss_view_it_refuses_raw(tmp_path: Path) -> None:
     """llama.cpp knows no architecture "gptoss"; the view's gpt-oss hyperparameters and
     vocabulary load (vocab-only: its MXFP4 experts are not built here)."""
-    from modelfs.demo import _bpe_vocab
+    from modelfs.demo.vocab import bpe_vocab
 
-    vocab = _bpe_vocab(("<|startoftext|>", "<|endoftext|>", "<|return|>"))
+    vocab = bpe_vocab(("<|startoftext|>", "<|endoftext|>", "<|return|>"))
     hparams = {
         "context_length": 4096,
         "embedding_length": 64,
@@ -2019,9 +2019,9 @@ def test_glmocr_view(tmp_path: Path) -> None:
 def test_llama_cpp_reads_the_qwen25vl_view_it_refuses_raw(tmp_path: Path) -> None:
     """llama.cpp knows no architecture "qwen25vl"; the view's qwen2vl hyperparameters (M-RoPE
     sections padded to four) and vocabulary load (vocab-only)."""
-    from modelfs.demo import _bpe_vocab
+    from modelfs.demo.vocab import bpe_vocab
 
-    vocab = _bpe_vocab(("<|endoftext|>", "<|im_start|>", "<|im_end|>"))
+    vocab = bpe_vocab(("<|endoftext|>", "<|im_start|>", "<|im_end|>"))
     hparams = {
         "context_length": 4096,
         "embedding_length": 64,

@@ -487,3 +487,24 @@ def test_module_runs(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout)
     assert summary["names"][0] == GEMMA
+
+
+def test_demo_store_prints_only_its_own_lines(tmp_path: Path) -> None:
+    """`modelfs demo-store` through the CLI, whose logging shows INFO from every logger: only
+    its summary and the CLI's own `modelfs:` lines, none of gguf's writer ("Writing the
+    following files", "This GGUF file is for Little Endian only")."""
+    modelfs = Path(sys.executable).parent / "modelfs"
+    out = subprocess.run(
+        [str(modelfs), "demo-store", str(tmp_path / "d")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == ""
+    lines = out.stdout.splitlines()
+    assert lines[0] == f"demo store: {tmp_path / 'd'}"
+    assert lines[-1].startswith("  model blob: ")
+    keys = [line.split()[0] for line in lines[1:-1]]
+    assert keys == list(build_demo_store(tmp_path / "again").manifests)

@@ -56,6 +56,7 @@ def test_version_is_the_installed_distributions() -> None:
     assert done.stdout.strip() == f"modelfs {version('modelfs')}"
 
 
+@pytest.mark.network
 def test_the_wheel_installs_one_package_named_modelfs(tmp_path: Path) -> None:
     """`pip install .` puts `modelfs` (and its dist-info) into site-packages and nothing else:
     top-level `store`, `sync` or `runtime` would clash with the PyPI projects of those names."""
@@ -210,6 +211,7 @@ def fresh_root(tmp_path: Path) -> Iterator[FreshRoot]:
 
 @fuse
 @pytest.mark.slow
+@pytest.mark.network
 @pytest.mark.timeout(900)
 def test_readme_install_in_a_fresh_root(fresh_root: FreshRoot, tmp_path: Path) -> None:
     """Follows "Running under systemd" line by line, then checks what the units run.

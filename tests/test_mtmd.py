@@ -30,7 +30,7 @@ import pytest
 pytest.importorskip("llama_cpp", reason="llama-cpp-python not installed (scripts/setup)")
 pytest.importorskip("llama_cpp.mtmd_cpp", reason="this llama-cpp-python has no libmtmd")
 
-from modelfs.demo import _bpe_vocab, _spm_vocab
+from modelfs.demo.vocab import bpe_vocab, spm_vocab
 from tests.builders import TinyStore
 from tests.mounting import fuse, mounted
 from tests.test_compat import (
@@ -183,7 +183,7 @@ def llava(tiny: TinyStore, tmp_path: Path) -> Family:
     """A llama text model with a LLaVA projector layer as Ollama ships it (a clip GGUF with
     no projector type): a 2-block CLIP tower with a class embedding, 28-pixel images in
     14-pixel patches (4 tokens; LLaVA reads the second-to-last block), a 2-layer MLP."""
-    vocab = _spm_vocab(("<unk>", "<s>", "</s>"))
+    vocab = spm_vocab(("<unk>", "<s>", "</s>"))
     kvs = [
         *text_kvs("llama", 2, 2, 128),
         ("tokenizer.ggml.model", "llama", V.STRING),
@@ -236,7 +236,7 @@ def qwen25vl(tiny: TinyStore, tmp_path: Path) -> Family:
     from qkv, the patch embedding split per frame, the merger under v.merger.): 14-pixel
     patches merged 2x2, window attention every 2 blocks. llama.cpp resizes the 64-pixel
     bitmap to 84 pixels: 6x6 patches, 3x3 tokens."""
-    vocab = _bpe_vocab(
+    vocab = bpe_vocab(
         ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>")
     )
     width, ff, blocks = 32, 64, 2
@@ -286,7 +286,7 @@ def mistral3(tiny: TinyStore, tmp_path: Path) -> Family:
     names it (ollama/ollama fb30760 convert/convert_mistral.go:142-173): no biases, RMS norms,
     2D RoPE, a 2x2 patch merger. llama.cpp resizes the 64-pixel bitmap to 96 (8 tokens at
     least): 6x6 16-pixel patches merged to 3x3, an [IMG_BREAK] after each row but the last."""
-    vocab = _bpe_vocab(("<unk>", "<s>", "</s>", "[IMG]", "[IMG_BREAK]", "[IMG_END]"))
+    vocab = bpe_vocab(("<unk>", "<s>", "</s>", "[IMG]", "[IMG_BREAK]", "[IMG_END]"))
     width, ff = 32, 64
     kvs: list[KV] = [
         *text_kvs("mistral3", 2, 1, 128),
@@ -346,7 +346,7 @@ def qwen3vl(tiny: TinyStore, tmp_path: Path) -> Family:
     deepstack adapter (block 1 of 2), the merger under v.merger.; 16-pixel patches merged
     2x2. llama.cpp resizes the 64-pixel bitmap to 96 (8 tokens at least): 3x3 tokens, each
     twice the text width (the deepstack features ride along)."""
-    vocab = _bpe_vocab(
+    vocab = bpe_vocab(
         ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>")
     )
     width, ff, blocks, patch = 32, 64, 2, 16
@@ -402,7 +402,7 @@ def llama4(tiny: TinyStore, tmp_path: Path) -> Family:
     embedding, 2D RoPE, pixel shuffle by 2 into a 2-layer adapter and a projection; one dense
     text block (MoE every 2nd). llama.cpp cuts the 64-pixel bitmap into 3x3 tiles of 28
     pixels plus an overview, each a chunk of 2x2 patches shuffled into 1 token."""
-    vocab = _bpe_vocab(
+    vocab = bpe_vocab(
         (
             "<|begin_of_text|>",
             "<|end_of_text|>",
