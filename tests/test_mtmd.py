@@ -32,8 +32,7 @@ pytest.importorskip("llama_cpp.mtmd_cpp", reason="this llama-cpp-python has no l
 
 from modelfs.demo.vocab import bpe_vocab, spm_vocab
 from tests.builders import TinyStore
-from tests.mounting import fuse, mounted
-from tests.test_compat import (
+from tests.compat_gguf import (
     CLIP_STD,
     KV,
     Tensor,
@@ -46,6 +45,7 @@ from tests.test_compat import (
     llava_projector,
     write_gguf,
 )
+from tests.mounting import fuse, mounted
 
 pytestmark = [fuse, pytest.mark.slow]
 
