@@ -29,6 +29,7 @@ log = logging.getLogger("modelfs")
 
 
 GC_BUSY = 75  # EX_TEMPFAIL: another GC holds the lock; try later (modelfs-gc.service allows it)
+DEFAULT_STATUS_URL = "http://127.0.0.1:11500"  # the daemon's default `listen` port, on loopback
 
 
 class UserError(Exception):
@@ -315,7 +316,17 @@ def cmd_sync(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from modelfs.cli.status import fetch_status, render_status
 
-    status, error = fetch_status(args.url, args.token_file)
+    url, token_file = args.url, args.token_file
+    if url is None or token_file is None:
+        from modelfs.sync.config import DEFAULT_CONFIG, load_config
+
+        # The daemon's own config says where it listens and which token it takes; without
+        # one (no --config, nothing at the default path) the daemon's defaults are assumed.
+        if args.config is not None or DEFAULT_CONFIG.exists():
+            config = load_config(args.config or DEFAULT_CONFIG)
+            url = url or config.local_url
+            token_file = token_file or config.token_file
+    status, error = fetch_status(url or DEFAULT_STATUS_URL, token_file)
     if args.json:
         _print(json.dumps(status if status is not None else {"error": error}))
     elif status is not None:
@@ -694,11 +705,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="this host's sync daemon and its peers: models, transfers, last GC",
     )
     p.add_argument(
-        "--url",
-        default="http://127.0.0.1:11500",
-        help="the daemon to ask (default: http://127.0.0.1:11500)",
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="the daemon's TOML config, for its address (`listen`) and token (`token_file`) "
+        "(default: /etc/modelfs/config.toml, when it exists)",
     )
-    p.add_argument("--token-file", type=Path, metavar="F", help="its bearer token")
+    p.add_argument(
+        "--url",
+        help=f"the daemon to ask (default: from the config, else {DEFAULT_STATUS_URL})",
+    )
+    p.add_argument(
+        "--token-file", type=Path, metavar="F", help="its bearer token (default: the config's)"
+    )
     p.add_argument("--json", action="store_true", help="print the daemon's status JSON")
     p.set_defaults(func=cmd_status)
 

@@ -53,6 +53,7 @@ class GcSettings:
 
 
 DEFAULT_LISTEN = f"0.0.0.0:{DEFAULT_PORT}"
+DEFAULT_CONFIG = Path("/etc/modelfs/config.toml")  # where the packaged unit points `--config`
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +72,16 @@ class SyncConfig:
     interval: float = 60.0
     max_transfers: int = MAX_TRANSFERS
     gc: GcSettings = field(default_factory=GcSettings)
+
+    @property
+    def local_url(self) -> str:
+        """Where a client on this host reaches the daemon: its `listen` address, a wildcard
+        one (all addresses) as loopback."""
+        host, port = parse_listen(self.listen)
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+        if ":" in host:
+            host = f"[{host}]"
+        return f"{'https' if self.tls_cert is not None else 'http'}://{host}:{port}"
 
     def wants(self, name: str) -> bool:
         """Does `replicate` select this model name (its shortest form, `model:tag`)?"""
