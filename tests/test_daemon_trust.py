@@ -7,14 +7,24 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from tests.test_daemon import MODELFS, daemon
+import httpx
+
+from modelfs.store.scan import scan_store
+from tests.builders import TinyStore
+from tests.test_daemon import MODELFS, complete, daemon, names, wait_until
 from tests.test_pull_hosts import _env
+from tests.test_serve_process import served
 
 
 def status_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [MODELFS, "status", *args], capture_output=True, text=True, timeout=30, env=_env()
     )
+
+
+def get(url: str, token: Path) -> httpx.Response:
+    auth = {"Authorization": f"Bearer {token.read_text().strip()}"}
+    return httpx.get(url, headers=auth, timeout=10)
 
 
 def test_status_finds_the_daemon_through_its_config_alone(tmp_path: Path) -> None:
@@ -34,3 +44,68 @@ def test_status_finds_the_daemon_through_its_config_alone(tmp_path: Path) -> Non
     assert r.stderr.strip().splitlines() == [
         f"modelfs: error: {missing}: cannot read: No such file or directory"
     ]
+
+
+def test_impostors_on_peer_addresses_are_refused_and_named(tmp_path: Path) -> None:
+    """b's peers, in order: a tokenless `modelfs serve`, one with another token, the real
+    daemon a. Both impostors hold `gemma4:26b` as another model; the first peer's version
+    would win, so without proofs b would take the impostor's. b takes only a's, says which
+    peers failed (log, status, /metrics), and still uses a configured registry as before."""
+    token, wrong = tmp_path / "token", tmp_path / "wrong"
+    token.write_text("dGhlLXNoYXJlZC10b2tlbi1vZi10aGUtaG9zdHM=\n")
+    wrong.write_text("YW5vdGhlci10b2tlbi1lbnRpcmVseQ==\n")
+    real, fake, reg = (TinyStore(tmp_path / n) for n in ("real", "fake", "reg"))
+    real.gguf_model("gemma4:26b", b"the real gemma")
+    fake.gguf_model("gemma4:26b", b"an impostor's gemma")
+    fake.gguf_model("evil:1", b"only the impostors have this")
+    reg.gguf_model("fromreg:1", b"a registry's model")
+    b = tmp_path / "b"
+    with (
+        served(fake.root) as (tokenless, _),
+        served(fake.root, "--token-file", str(wrong)) as (other_token, _),
+        served(reg.root) as (registry, _),
+        daemon(tmp_path, "a", store=str(real.root), token_file=str(token)) as a,
+        daemon(
+            tmp_path,
+            "b",
+            store=str(b),
+            token_file=str(token),
+            peers=[tokenless, other_token, a.url],
+            registries=[registry],
+            replicate=["*"],
+            interval="1s",
+        ) as d,
+    ):
+        wait_until(lambda: complete(b, "gemma4:26b"), what="gemma4 from a")
+        wait_until(lambda: complete(b, "fromreg:1"), what="the registry's model")
+        wait_until(
+            lambda: all(
+                p["error"] for p in get(f"{d.url}/modelfs/v1/status", token).json()["peers"][:2]
+            ),
+            what="both impostors tried",
+        )
+        assert names(b) == {"gemma4:26b", "fromreg:1"}
+        here = {e.name.shortest: e.digest for e in scan_store(b)}
+        assert (
+            here["gemma4:26b"]
+            == {e.name.shortest: e.digest for e in scan_store(real.root)}["gemma4:26b"]
+        )
+        peers = {p["url"]: p for p in get(f"{d.url}/modelfs/v1/status", token).json()["peers"]}
+        assert "not a peer holding the shared token" in peers[tokenless]["error"]
+        assert peers[tokenless]["unproven"] >= 1 and not peers[tokenless]["models"]
+        assert "401" in peers[other_token]["error"] and not peers[other_token]["models"]
+        assert peers[a.url]["ok"] and peers[registry]["proof"] == "registry"
+        assert f"peer {tokenless}: " in d.text() and "not a peer holding" in d.text()
+        metrics = get(f"{d.url}/metrics", token).text
+        assert f'modelfs_peer_up{{peer="{tokenless}"}} 0' in metrics
+        assert f'modelfs_peer_up{{peer="{other_token}"}} 0' in metrics
+        unproven = [
+            line
+            for line in metrics.splitlines()
+            if line.startswith(f'modelfs_peer_unproven_total{{peer="{tokenless}"}} ')
+        ]
+        assert unproven and int(unproven[0].split()[-1]) >= 1, metrics
+        r = status_cli("--config", str(d.config))
+        assert r.returncode == 0, r.stderr
+        row = next(line for line in r.stdout.splitlines() if line.strip().startswith(tokenless))
+        assert row.split()[1] == "UNTRUSTED:", r.stdout

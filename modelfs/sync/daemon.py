@@ -51,7 +51,7 @@ from modelfs.store.scan import StoreIndex, child_runner
 from modelfs.sync.client import peer_session
 from modelfs.sync.config import ConfigError, SyncConfig, load_config
 from modelfs.sync.credentials import read_credentials
-from modelfs.sync.errors import LocalWriteError, PeerLiedError, SyncError
+from modelfs.sync.errors import LocalWriteError, PeerLiedError, PeerUnprovenError, SyncError
 from modelfs.sync.gc import GcReport, run_gc
 from modelfs.sync.progress import TallyProgress
 from modelfs.sync.pull import PullOptions, pull, pull_lease
@@ -88,6 +88,8 @@ class PeerState:
     bytes_in: int = 0
     blobs_in: int = 0
     verify_failures: int = 0  # bytes that did not hash to the digest asked for
+    registry: bool = False  # an OCI registry (`registries`): no proof of the token asked
+    unproven: int = 0  # answers that did not prove the shared token (impostors)
     scope: trio.CancelScope | None = None  # its listing task, cancelled when it leaves the config
 
     def next_try(self, interval: float) -> float:
@@ -97,6 +99,10 @@ class PeerState:
         return self.listed_at + interval
 
     def failed(self, exc: BaseException, interval: float) -> None:
+        if isinstance(exc, PeerUnprovenError):
+            # Whatever it listed before is not to be trusted either.
+            self.unproven += 1
+            self.models = {}
         self.failures += 1
         self.last_error = str(exc)
         self.failed_at = trio.current_time()
@@ -171,7 +177,9 @@ class Daemon:
     # -- config -------------------------------------------------------------------------------
     def _sync_peers(self) -> None:
         old = self.peers
-        self.peers = {url: old.get(url) or PeerState(url) for url in self.config.peers}
+        self.peers = {url: old.get(url) or PeerState(url) for url in self.config.sources}
+        for url, peer in self.peers.items():
+            peer.registry = url not in self.config.peers
         for url, peer in old.items():
             if url not in self.peers and peer.scope is not None:
                 peer.scope.cancel()
@@ -199,7 +207,9 @@ class Daemon:
         self._transfer_slots.total_tokens = self.config.max_transfers
         self._sync_peers()
         log.info(
-            "reload: %d peer(s), replicate %s", len(self.config.peers), list(self.config.replicate)
+            "reload: %d peer(s), replicate %s",
+            len(self.config.sources),
+            list(self.config.replicate),
         )
         self._reloaded.set()  # sleeping loops reckon their next run again
         self._reloaded = trio.Event()
@@ -224,7 +234,11 @@ class Daemon:
         await app.view()
         heartbeat = min(HEARTBEAT, config.gc.lease_ttl / 4)
         async with (
-            peer_session(credentials) as self.session,
+            peer_session(
+                credentials,
+                proof_token=token,
+                unproved=frozenset(u for u in config.registries if u not in config.peers),
+            ) as self.session,
             leased(self.keeper, strict=False, heartbeat=heartbeat) as self.lease,
             contextlib.AsyncExitStack() as stack,
         ):
@@ -316,7 +330,7 @@ class Daemon:
         failed lately from the same peers (back-off); it does not wait for them."""
         config = self.config
         self.rounds += 1
-        if not config.peers:
+        if not config.sources:
             return
         index = await self.index()
         local = {e.name.shortest: e.digest.hex for e in index}
@@ -417,6 +431,8 @@ class Daemon:
             self.pull_failures += 1
             if isinstance(exc, PeerLiedError):
                 self._lied(str(exc))
+            if isinstance(exc, PeerUnprovenError):
+                self._unproven(str(exc))
             delay = backoff(1, self.config.interval)
             behind = self.behind.get(name)
             if behind is not None and behind.digest == digest:
@@ -464,10 +480,22 @@ class Daemon:
         self.wake(self.replicate_once.__name__)
 
     def _lied(self, message: str) -> None:
+        peer = self._named_in(message)
+        if peer is not None:
+            peer.verify_failures += 1
+
+    def _unproven(self, message: str) -> None:
+        peer = self._named_in(message)
+        if peer is not None:
+            peer.unproven += 1
+            peer.models = {}
+
+    def _named_in(self, message: str) -> PeerState | None:
+        """The peer an error message names (each starts with the peer's URL)."""
         for url, peer in self.peers.items():
             if message.startswith(url):
-                peer.verify_failures += 1
-                return
+                return peer
+        return None
 
     # -- tag history ----------------------------------------------------------------------------
     async def remember(self) -> None:
@@ -598,6 +626,10 @@ class Daemon:
                     "bytes_in": p.bytes_in,
                     "blobs_in": p.blobs_in,
                     "verify_failures": p.verify_failures,
+                    "proof": "registry"
+                    if p.registry
+                    else ("required" if self.session.proof_token else "none (no token_file)"),
+                    "unproven": p.unproven,
                 }
                 for p in self.peers.values()
             ],
@@ -631,6 +663,12 @@ class Daemon:
                 "counter",
                 "Blobs or manifests a peer sent that did not hash to their digest.",
                 [(label(p.url), p.verify_failures) for p in peers],
+            ),
+            (
+                "peer_unproven_total",
+                "counter",
+                "Answers from a peer that did not prove it holds the shared token.",
+                [(label(p.url), p.unproven) for p in peers],
             ),
             (
                 "peer_up",
