@@ -11,8 +11,8 @@ import httpx
 
 from modelfs.store.scan import scan_store
 from tests.builders import TinyStore
-from tests.test_daemon import MODELFS, complete, daemon, names, wait_until
-from tests.test_pull_hosts import _env
+from tests.test_daemon import MODELFS, REPO, complete, daemon, names, wait_until
+from tests.test_pull_hosts import _env, fakepeer
 from tests.test_serve_process import served
 
 
@@ -109,3 +109,36 @@ def test_impostors_on_peer_addresses_are_refused_and_named(tmp_path: Path) -> No
         assert r.returncode == 0, r.stderr
         row = next(line for line in r.stdout.splitlines() if line.strip().startswith(tokenless))
         assert row.split()[1] == "UNTRUSTED:", r.stdout
+
+
+def test_every_status_word_is_defined_in_help_and_readme() -> None:
+    """The words `render_status` prints are each explained where a user looks."""
+    source = (REPO / "modelfs" / "cli" / "status.py").read_text()
+    words = ["ok", "DOWN", "UNTRUSTED", "listed", "same", "pulling", "waiting", "behind"]
+    for word in words:
+        assert f'"{word}' in source or f"'{word}" in source or f"{word}:" in source, word
+    r = status_cli("--help")
+    assert r.returncode == 0, r.stderr
+    readme = (REPO / "README.md").read_text()
+    for word in words:
+        assert f"\n    {word} " in r.stdout, (word, r.stdout)
+        assert f"| `{word}" in readme, word
+
+
+def test_replication_lag_is_zero_for_names_in_step(tmp_path: Path) -> None:
+    """A dashboard tells "in step" from "not measured": each selected name has a series."""
+    a = TinyStore(tmp_path / "a")
+    a.gguf_model("qwen3:0.6b", b"qwen weights")
+    b = tmp_path / "b"
+    with (
+        fakepeer(a.root) as peer_url,
+        daemon(tmp_path, "b", store=str(b), peers=[peer_url], replicate=["*"], interval="1s") as d,
+    ):
+        wait_until(lambda: complete(b, "qwen3:0.6b"), what="qwen3 on b")
+        wait_until(
+            lambda: (
+                'modelfs_replication_lag_seconds{name="qwen3:0.6b"} 0\n'
+                in httpx.get(f"{d.url}/metrics", timeout=10).text
+            ),
+            what="a lag series of 0",
+        )

@@ -408,6 +408,33 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+# What each word `modelfs status` prints (cli/status.py render_status) means, for its
+# --help; the README's daemon section says the same.
+STATUS_WORDS = """\
+What the words mean:
+  peers:
+    ok          its last listing succeeded (with a token_file: and it proved it holds
+                the shared token)
+    DOWN        its last listing failed (unreachable, refused, a bad answer): the reason
+                follows; its versions are not used until it answers again
+    UNTRUSTED   it answered without proving it holds the shared token (an impostor on
+                the peer's address, or another token): nothing it lists is used
+    listed ...  when its last listing succeeded ("never": not yet)
+  models (one column per peer; HERE is this host's digest, `-` when absent):
+    same        the peer has the digest this host has
+    <digest>    the peer has another version (its first 12 hex digits)
+    listed      the peer has the name, but `replicate` does not select it, so its
+                digest was not asked for (nothing to compare)
+    -           the peer does not have the name
+  below:
+    pulling     a transfer in flight: from which peers, since when, bytes so far
+    waiting     a transfer waiting for one of the `max_transfers` slots
+    behind      a selected name whose version here is not the peers' (or lacks the
+                variant `prefer` ranks first), for how long, why, the last error, the
+                next try
+"""
+
+
 VERIFY_EPILOG = """\
 Exit status: 0 when every blob matches its name and every manifest is readable and has all its
 blobs (after any repair); 1 when a blob is corrupt or unreadable, a manifest names a missing
@@ -703,6 +730,8 @@ def build_parser() -> argparse.ArgumentParser:
         "status",
         parents=[common],
         help="this host's sync daemon and its peers: models, transfers, last GC",
+        epilog=STATUS_WORDS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "--config",

@@ -635,6 +635,13 @@ class Daemon:
             ],
         }
 
+    def lag(self, now: float) -> dict[str, float]:
+        """Every selected name here or behind: seconds it has lagged the peers, 0 in step (so
+        a dashboard tells "in step" from "not measured")."""
+        lag = {n: 0.0 for n in self.local if self.config.wants(n)}
+        lag.update({n: round(now - b.since, 3) for n, b in self.behind.items()})
+        return lag
+
     def metrics(self) -> list[tuple[str, str, str, list[tuple[str, float]]]]:
         now = time.time()
         peers = list(self.peers.values())
@@ -698,8 +705,8 @@ class Daemon:
             (
                 "replication_lag_seconds",
                 "gauge",
-                "Seconds a selected name has differed from the peers' version.",
-                [(name_label(n), round(now - b.since, 3)) for n, b in sorted(self.behind.items())],
+                "Seconds a selected name has differed from the peers' version; 0 in step.",
+                [(name_label(n), lag) for n, lag in sorted(self.lag(now).items())],
             ),
             (
                 "transfers_in_flight",
