@@ -142,3 +142,21 @@ def test_replication_lag_is_zero_for_names_in_step(tmp_path: Path) -> None:
             ),
             what="a lag series of 0",
         )
+
+
+def test_a_registry_added_by_reload_is_used_without_a_proof(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("cmVsb2FkZWQtcmVnaXN0cmllcy10b2tlbg==\n")
+    reg = TinyStore(tmp_path / "reg")
+    reg.gguf_model("fromreg:1", b"a registry's model")
+    b = tmp_path / "b"
+    with (
+        served(reg.root) as (registry, _),
+        daemon(
+            tmp_path, "b", store=str(b), token_file=str(token), replicate=["*"], interval="1s"
+        ) as d,
+    ):
+        d.reload(registries=[registry])
+        wait_until(lambda: complete(b, "fromreg:1"), what="the registry's model after SIGHUP")
+        peers = get(f"{d.url}/modelfs/v1/status", token).json()["peers"]
+        assert [(p["url"], p["proof"], p["unproven"]) for p in peers] == [(registry, "registry", 0)]

@@ -180,6 +180,8 @@ class Daemon:
         self.peers = {url: old.get(url) or PeerState(url) for url in self.config.sources}
         for url, peer in self.peers.items():
             peer.registry = url not in self.config.peers
+        if hasattr(self, "session"):  # a reload: registries added or removed take effect now
+            self.session.unproved = self._registries()
         for url, peer in old.items():
             if url not in self.peers and peer.scope is not None:
                 peer.scope.cancel()
@@ -187,6 +189,10 @@ class Daemon:
             for peer in self.peers.values():
                 if peer.scope is None:
                     self._nursery.start_soon(self._watch_peer, peer)
+
+    def _registries(self) -> frozenset[str]:
+        """The sources asked for no proof of the token: registries that are not also peers."""
+        return frozenset(u for u in self.config.sources if u not in self.config.peers)
 
     async def reload(self) -> None:
         """SIGHUP: a new config, or the old one and an error line. What only a restart can
@@ -237,7 +243,7 @@ class Daemon:
             peer_session(
                 credentials,
                 proof_token=token,
-                unproved=frozenset(u for u in config.registries if u not in config.peers),
+                unproved=self._registries(),
             ) as self.session,
             leased(self.keeper, strict=False, heartbeat=heartbeat) as self.lease,
             contextlib.AsyncExitStack() as stack,
