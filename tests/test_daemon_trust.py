@@ -95,7 +95,8 @@ def test_impostors_on_peer_addresses_are_refused_and_named(tmp_path: Path) -> No
         assert peers[tokenless]["unproven"] >= 1 and not peers[tokenless]["models"]
         assert "401" in peers[other_token]["error"] and not peers[other_token]["models"]
         assert peers[a.url]["ok"] and peers[registry]["proof"] == "registry"
-        assert f"peer {tokenless}: " in d.text() and "not a peer holding" in d.text()
+        assert f"peer {tokenless}: not a peer holding the shared token" in d.text()
+        assert f"{tokenless}: {tokenless}" not in d.text()  # the URL once, not twice
         metrics = get(f"{d.url}/metrics", token).text
         assert f'modelfs_peer_up{{peer="{tokenless}"}} 0' in metrics
         assert f'modelfs_peer_up{{peer="{other_token}"}} 0' in metrics

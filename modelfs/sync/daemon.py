@@ -104,16 +104,18 @@ class PeerState:
             self.unproven += 1
             self.models = {}
         self.failures += 1
-        self.last_error = str(exc)
+        # Sync errors start with the peer's URL; the log line and status name it once.
+        message = str(exc).removeprefix(f"{self.url}: ")
+        self.last_error = message
         self.failed_at = trio.current_time()
         delay = _seconds(backoff(self.failures, interval))
         if self.failures == 1:
-            log.warning("peer %s: %s (next try in %s)", self.url, exc, delay)
+            log.warning("peer %s: %s (next try in %s)", self.url, message, delay)
         else:
             log.info(
                 "peer %s: %s (%d failures in a row; next try in %s)",
                 self.url,
-                exc,
+                message,
                 self.failures,
                 delay,
             )
