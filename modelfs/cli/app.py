@@ -30,6 +30,7 @@ log = logging.getLogger("modelfs")
 
 
 GC_BUSY = 75  # EX_TEMPFAIL: another GC holds the lock; try later (modelfs-gc.service allows it)
+DEFAULT_STATUS_URL = "http://127.0.0.1:11500"  # the daemon's default `listen` port, on loopback
 
 
 class UserError(Exception):
@@ -305,7 +306,17 @@ def cmd_sync(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from modelfs.cli.status import fetch_status, render_status
 
-    status, error = fetch_status(args.url, args.token_file)
+    url, token_file = args.url, args.token_file
+    if url is None or token_file is None:
+        from modelfs.sync.config import DEFAULT_CONFIG, load_config
+
+        # The daemon's own config says where it listens and which token it takes; without
+        # one (no --config, nothing at the default path) the daemon's defaults are assumed.
+        if args.config is not None or DEFAULT_CONFIG.exists():
+            config = load_config(args.config or DEFAULT_CONFIG)
+            url = url or config.local_url
+            token_file = token_file or config.token_file
+    status, error = fetch_status(url or DEFAULT_STATUS_URL, token_file)
     if args.json:
         _print(json.dumps(status if status is not None else {"error": error}))
     elif status is not None:
@@ -385,6 +396,33 @@ def cmd_verify(args: argparse.Namespace) -> int:
     else:
         _print(render(report))
     return 0 if report.ok else 1
+
+
+# What each word `modelfs status` prints (cli/status.py render_status) means, for its
+# --help; the README's daemon section says the same.
+STATUS_WORDS = """\
+What the words mean:
+  peers:
+    ok          its last listing succeeded (with a token_file: and it proved it holds
+                the shared token)
+    DOWN        its last listing failed (unreachable, refused, a bad answer): the reason
+                follows; its versions are not used until it answers again
+    UNTRUSTED   it answered without proving it holds the shared token (an impostor on
+                the peer's address, or another token): nothing it lists is used
+    listed ...  when its last listing succeeded ("never": not yet)
+  models (one column per peer; HERE is this host's digest, `-` when absent):
+    same        the peer has the digest this host has
+    <digest>    the peer has another version (its first 12 hex digits)
+    listed      the peer has the name, but `replicate` does not select it, so its
+                digest was not asked for (nothing to compare)
+    -           the peer does not have the name
+  below:
+    pulling     a transfer in flight: from which peers, since when, bytes so far
+    waiting     a transfer waiting for one of the `max_transfers` slots
+    behind      a selected name whose version here is not the peers' (or lacks the
+                variant `prefer` ranks first), for how long, why, the last error, the
+                next try
+"""
 
 
 VERIFY_EPILOG = """\
@@ -682,13 +720,23 @@ def build_parser() -> argparse.ArgumentParser:
         "status",
         parents=[common],
         help="this host's sync daemon and its peers: models, transfers, last GC",
+        epilog=STATUS_WORDS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="the daemon's TOML config, for its address (`listen`) and token (`token_file`) "
+        "(default: /etc/modelfs/config.toml, when it exists)",
     )
     p.add_argument(
         "--url",
-        default="http://127.0.0.1:11500",
-        help="the daemon to ask (default: http://127.0.0.1:11500)",
+        help=f"the daemon to ask (default: from the config, else {DEFAULT_STATUS_URL})",
     )
-    p.add_argument("--token-file", type=Path, metavar="F", help="its bearer token")
+    p.add_argument(
+        "--token-file", type=Path, metavar="F", help="its bearer token (default: the config's)"
+    )
     p.add_argument("--json", action="store_true", help="print the daemon's status JSON")
     p.set_defaults(func=cmd_status)
 

@@ -73,6 +73,8 @@ def render_status(status: dict[str, Any]) -> str:
         rows = []
         for p in peers:
             state = "ok" if p.get("ok") else f"DOWN: {p.get('error') or 'not reached yet'}"
+            if not p.get("ok") and "not a peer holding the shared token" in (p.get("error") or ""):
+                state = f"UNTRUSTED: {p['error']}"
             rows.append(
                 [
                     "  " + p["url"],

@@ -57,6 +57,7 @@ from modelfs.sync.errors import (
     PeerError,
     PeerLiedError,
     PeerNotFoundError,
+    PeerUnprovenError,
     PeerUnreachableError,
 )
 from modelfs.sync.http import (
@@ -70,6 +71,7 @@ from modelfs.sync.http import (
 from modelfs.sync.partial import Stopped
 from modelfs.sync.protocol import DIGEST_HEADER, MANIFEST_ACCEPT
 from modelfs.sync.proxies import ProxyRules
+from modelfs.sync.signin import PROOF_HEADER, PROOF_NONCE_HEADER, new_nonce, proof_ok
 from modelfs.sync.tokenauth import parse_challenges, retry_delay
 
 log = logging.getLogger(__name__)
@@ -283,12 +285,18 @@ class PeerSession:
         read_timeout: float,
         ssl_context: ssl.SSLContext | None = None,
         proxies: ProxyRules | None = None,
+        proof_token: str | None = None,
+        unproved: frozenset[str] = frozenset(),
     ) -> None:
         self.http = http
         self.auth = registry_auth(http)
         self.read_timeout = read_timeout
         self.ssl_context = ssl_context
         self.proxies = proxies if proxies is not None else ProxyRules.from_environment()
+        # Peers must prove they hold this token before their listings and manifests are
+        # used (signin.proof_ok); `unproved` are registries, which hold no modelfs token.
+        self.proof_token = proof_token
+        self.unproved = frozenset(u.rstrip("/") for u in unproved)
 
     def peer(self, url: str) -> PeerClient:
         return PeerClient(url, self)
@@ -301,16 +309,19 @@ async def peer_session(
     read_timeout: float = READ_TIMEOUT,
     ssl_context: ssl.SSLContext | None = None,
     push: bool = False,
+    proof_token: str | None = None,
+    unproved: frozenset[str] = frozenset(),
 ) -> AsyncIterator[PeerSession]:
     """Where every client of a peer is made: the httpx client signing in with `credentials`
     (a token file, `--username`, or else docker's; sync.tokenauth), and the same sign-in and
-    proxies for the raw large-blob receiver. `push` asks registries for `pull,push`."""
+    proxies for the raw large-blob receiver. `push` asks registries for `pull,push`. With a
+    `proof_token`, every peer but those in `unproved` must prove it holds that token."""
     verify: bool | ssl.SSLContext = ssl_context if ssl_context is not None else True
     proxies = ProxyRules.from_environment()
     async with make_client(
         credentials, read_timeout=read_timeout, verify=verify, push=push, proxies=proxies
     ) as http:
-        yield PeerSession(http, read_timeout, ssl_context, proxies)
+        yield PeerSession(http, read_timeout, ssl_context, proxies, proof_token, unproved)
 
 
 class PeerClient:
@@ -323,7 +334,31 @@ class PeerClient:
         self.http = session.http
         self.read_timeout = session.read_timeout
         self._ssl = session.ssl_context
+        self.proof_token = None if self.url in session.unproved else session.proof_token
         _split_url(self.url)  # reject a bad URL now
+
+    def _challenge(self, headers: dict[str, str]) -> str | None:
+        """Ask the peer for a proof: a fresh nonce in `headers`, returned (None: no proof
+        is asked of this peer)."""
+        if self.proof_token is None:
+            return None
+        nonce = new_nonce()
+        headers[PROOF_NONCE_HEADER] = nonce
+        return nonce
+
+    def _check_proof(self, response: httpx.Response, nonce: str | None, what: str) -> None:
+        """Before anything in `response` is used: did the peer prove it holds the token?"""
+        if nonce is None or self.proof_token is None:
+            return
+        path = response.url.raw_path.partition(b"?")[0].decode("latin-1")
+        given = response.headers.get(PROOF_HEADER)
+        if proof_ok(self.proof_token, nonce, path, given):
+            return
+        why = f"no {PROOF_HEADER}" if not given else f"a wrong {PROOF_HEADER}"
+        raise PeerUnprovenError(
+            f"{self.url}: not a peer holding the shared token ({why} with {what}); "
+            "nothing is taken from it"
+        )
 
     def __repr__(self) -> str:
         return f"PeerClient({self.url!r})"
@@ -356,9 +391,11 @@ class PeerClient:
     ) -> FetchedManifest:
         url = self.manifest_url(repo, ref)
         headers = {"Accept": MANIFEST_ACCEPT}
+        nonce = self._challenge(headers)
         with mapped_errors(self.url, what):
             async with self.http.stream("GET", url, headers=headers) as response:
                 raise_for_status(response, what)
+                self._check_proof(response, nonce, what)
                 declared = response.headers.get("content-length")
                 too_big = declared is not None and declared.isdigit()
                 if too_big and int(declared or 0) > MAX_MANIFEST_BYTES:
@@ -396,9 +433,12 @@ class PeerClient:
         for _ in range(MAX_PAGES):
             if url is None:
                 break
+            headers: dict[str, str] = {}
+            nonce = self._challenge(headers)
             with mapped_errors(self.url, what):
-                response = await self.http.get(url)
+                response = await self.http.get(url, headers=headers)
                 raise_for_status(response, what)
+            self._check_proof(response, nonce, what)
             try:
                 body = response.json()
                 page = body[key] if isinstance(body, dict) else None

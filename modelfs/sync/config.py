@@ -53,6 +53,7 @@ class GcSettings:
 
 
 DEFAULT_LISTEN = f"0.0.0.0:{DEFAULT_PORT}"
+DEFAULT_CONFIG = Path("/etc/modelfs/config.toml")  # where the packaged unit points `--config`
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,11 +67,27 @@ class SyncConfig:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     peers: tuple[str, ...] = ()
+    registries: tuple[str, ...] = ()  # OCI registries: sources that prove no modelfs token
     replicate: tuple[str, ...] = ()
     prefer: tuple[str, ...] = DEFAULT_PREFER
     interval: float = 60.0
     max_transfers: int = MAX_TRANSFERS
     gc: GcSettings = field(default_factory=GcSettings)
+
+    @property
+    def local_url(self) -> str:
+        """Where a client on this host reaches the daemon: its `listen` address, a wildcard
+        one (all addresses) as loopback."""
+        host, port = parse_listen(self.listen)
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+        if ":" in host:
+            host = f"[{host}]"
+        return f"{'https' if self.tls_cert is not None else 'http'}://{host}:{port}"
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """Every URL listed and pulled from: the peers, then the registries."""
+        return self.peers + tuple(u for u in self.registries if u not in self.peers)
 
     def wants(self, name: str) -> bool:
         """Does `replicate` select this model name (its shortest form, `model:tag`)?"""
@@ -188,6 +205,7 @@ def load_config(path: str | os.PathLike[str]) -> SyncConfig:
     if (tls_cert is None) != (tls_key is None):
         raise r.fail("tls_cert", "tls_cert and tls_key go together")
     peers = tuple(_checked(r, "peers", _url))
+    registries = tuple(_checked(r, "registries", _url))
     replicate = tuple(_checked(r, "replicate", _pattern))
     prefer = tuple(p.lower() for p in r.strings("prefer", DEFAULT_PREFER))
     interval = r.convert("interval", 60.0, _positive_duration)
@@ -221,6 +239,7 @@ def load_config(path: str | os.PathLike[str]) -> SyncConfig:
         tls_cert=tls_cert,
         tls_key=tls_key,
         peers=peers,
+        registries=registries,
         replicate=replicate,
         prefer=prefer,
         interval=interval,

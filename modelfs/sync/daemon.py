@@ -51,7 +51,7 @@ from modelfs.store.scan import StoreIndex, child_runner
 from modelfs.sync.client import peer_session
 from modelfs.sync.config import ConfigError, SyncConfig, load_config
 from modelfs.sync.credentials import read_credentials
-from modelfs.sync.errors import LocalWriteError, PeerLiedError, SyncError
+from modelfs.sync.errors import LocalWriteError, PeerLiedError, PeerUnprovenError, SyncError
 from modelfs.sync.gc import GcReport, run_gc
 from modelfs.sync.progress import TallyProgress
 from modelfs.sync.pull import PullOptions, pull, pull_lease
@@ -88,6 +88,8 @@ class PeerState:
     bytes_in: int = 0
     blobs_in: int = 0
     verify_failures: int = 0  # bytes that did not hash to the digest asked for
+    registry: bool = False  # an OCI registry (`registries`): no proof of the token asked
+    unproven: int = 0  # answers that did not prove the shared token (impostors)
     scope: trio.CancelScope | None = None  # its listing task, cancelled when it leaves the config
 
     def next_try(self, interval: float) -> float:
@@ -97,17 +99,23 @@ class PeerState:
         return self.listed_at + interval
 
     def failed(self, exc: BaseException, interval: float) -> None:
+        if isinstance(exc, PeerUnprovenError):
+            # Whatever it listed before is not to be trusted either.
+            self.unproven += 1
+            self.models = {}
         self.failures += 1
-        self.last_error = str(exc)
+        # Sync errors start with the peer's URL; the log line and status name it once.
+        message = str(exc).removeprefix(f"{self.url}: ")
+        self.last_error = message
         self.failed_at = trio.current_time()
         delay = _seconds(backoff(self.failures, interval))
         if self.failures == 1:
-            log.warning("peer %s: %s (next try in %s)", self.url, exc, delay)
+            log.warning("peer %s: %s (next try in %s)", self.url, message, delay)
         else:
             log.info(
                 "peer %s: %s (%d failures in a row; next try in %s)",
                 self.url,
-                exc,
+                message,
                 self.failures,
                 delay,
             )
@@ -171,7 +179,11 @@ class Daemon:
     # -- config -------------------------------------------------------------------------------
     def _sync_peers(self) -> None:
         old = self.peers
-        self.peers = {url: old.get(url) or PeerState(url) for url in self.config.peers}
+        self.peers = {url: old.get(url) or PeerState(url) for url in self.config.sources}
+        for url, peer in self.peers.items():
+            peer.registry = url not in self.config.peers
+        if hasattr(self, "session"):  # a reload: registries added or removed take effect now
+            self.session.unproved = self._registries()
         for url, peer in old.items():
             if url not in self.peers and peer.scope is not None:
                 peer.scope.cancel()
@@ -179,6 +191,10 @@ class Daemon:
             for peer in self.peers.values():
                 if peer.scope is None:
                     self._nursery.start_soon(self._watch_peer, peer)
+
+    def _registries(self) -> frozenset[str]:
+        """The sources asked for no proof of the token: registries that are not also peers."""
+        return frozenset(u for u in self.config.sources if u not in self.config.peers)
 
     async def reload(self) -> None:
         """SIGHUP: a new config, or the old one and an error line. What only a restart can
@@ -199,7 +215,9 @@ class Daemon:
         self._transfer_slots.total_tokens = self.config.max_transfers
         self._sync_peers()
         log.info(
-            "reload: %d peer(s), replicate %s", len(self.config.peers), list(self.config.replicate)
+            "reload: %d peer(s), replicate %s",
+            len(self.config.sources),
+            list(self.config.replicate),
         )
         self._reloaded.set()  # sleeping loops reckon their next run again
         self._reloaded = trio.Event()
@@ -224,7 +242,11 @@ class Daemon:
         await app.view()
         heartbeat = min(HEARTBEAT, config.gc.lease_ttl / 4)
         async with (
-            peer_session(credentials) as self.session,
+            peer_session(
+                credentials,
+                proof_token=token,
+                unproved=self._registries(),
+            ) as self.session,
             leased(self.keeper, strict=False, heartbeat=heartbeat) as self.lease,
             contextlib.AsyncExitStack() as stack,
         ):
@@ -316,7 +338,7 @@ class Daemon:
         failed lately from the same peers (back-off); it does not wait for them."""
         config = self.config
         self.rounds += 1
-        if not config.peers:
+        if not config.sources:
             return
         index = await self.index()
         local = {e.name.shortest: e.digest.hex for e in index}
@@ -417,6 +439,8 @@ class Daemon:
             self.pull_failures += 1
             if isinstance(exc, PeerLiedError):
                 self._lied(str(exc))
+            if isinstance(exc, PeerUnprovenError):
+                self._unproven(str(exc))
             delay = backoff(1, self.config.interval)
             behind = self.behind.get(name)
             if behind is not None and behind.digest == digest:
@@ -464,10 +488,22 @@ class Daemon:
         self.wake(self.replicate_once.__name__)
 
     def _lied(self, message: str) -> None:
+        peer = self._named_in(message)
+        if peer is not None:
+            peer.verify_failures += 1
+
+    def _unproven(self, message: str) -> None:
+        peer = self._named_in(message)
+        if peer is not None:
+            peer.unproven += 1
+            peer.models = {}
+
+    def _named_in(self, message: str) -> PeerState | None:
+        """The peer an error message names (each starts with the peer's URL)."""
         for url, peer in self.peers.items():
             if message.startswith(url):
-                peer.verify_failures += 1
-                return
+                return peer
+        return None
 
     # -- tag history ----------------------------------------------------------------------------
     async def remember(self) -> None:
@@ -598,10 +634,21 @@ class Daemon:
                     "bytes_in": p.bytes_in,
                     "blobs_in": p.blobs_in,
                     "verify_failures": p.verify_failures,
+                    "proof": "registry"
+                    if p.registry
+                    else ("required" if self.session.proof_token else "none (no token_file)"),
+                    "unproven": p.unproven,
                 }
                 for p in self.peers.values()
             ],
         }
+
+    def lag(self, now: float) -> dict[str, float]:
+        """Every selected name here or behind: seconds it has lagged the peers, 0 in step (so
+        a dashboard tells "in step" from "not measured")."""
+        lag = {n: 0.0 for n in self.local if self.config.wants(n)}
+        lag.update({n: round(now - b.since, 3) for n, b in self.behind.items()})
+        return lag
 
     def metrics(self) -> list[tuple[str, str, str, list[tuple[str, float]]]]:
         now = time.time()
@@ -633,6 +680,12 @@ class Daemon:
                 [(label(p.url), p.verify_failures) for p in peers],
             ),
             (
+                "peer_unproven_total",
+                "counter",
+                "Answers from a peer that did not prove it holds the shared token.",
+                [(label(p.url), p.unproven) for p in peers],
+            ),
+            (
                 "peer_up",
                 "gauge",
                 "1 when the peer's last listing succeeded.",
@@ -660,8 +713,8 @@ class Daemon:
             (
                 "replication_lag_seconds",
                 "gauge",
-                "Seconds a selected name has differed from the peers' version.",
-                [(name_label(n), round(now - b.since, 3)) for n, b in sorted(self.behind.items())],
+                "Seconds a selected name has differed from the peers' version; 0 in step.",
+                [(name_label(n), lag) for n, lag in sorted(self.lag(now).items())],
             ),
             (
                 "transfers_in_flight",

@@ -4,6 +4,7 @@
     ├── PeerError               a peer answered badly (HTTP status, bad body)
     │   ├── PeerAuthError       401/403: no or wrong token
     │   ├── PeerNotFoundError   404: no such repository, tag or blob
+    │   ├── PeerUnprovenError   a peer that did not prove it holds the shared token
     │   └── PeerLiedError       bytes that do not hash to the digest asked for, a wrong length
     ├── PeerUnreachableError    refused connection, DNS, TLS, timeout, stall
     ├── LocalWriteError         our side: disk full, permission denied
@@ -35,6 +36,10 @@ class PeerAuthError(PeerError):
 
 
 class PeerNotFoundError(PeerError):
+    pass
+
+
+class PeerUnprovenError(PeerError):
     pass
 
 

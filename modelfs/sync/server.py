@@ -96,7 +96,17 @@ from modelfs.store.scan import DEFAULT_PREFER, ScanCache, StoreIndex, scan_store
 from modelfs.store.watch import store_signature
 from modelfs.sync.protocol import API_VERSION_HEADER, DIGEST_HEADER, name_from_repository
 from modelfs.sync.registry_names import RegistryNameError, repository_for
-from modelfs.sync.signin import SERVICE, TOKEN_PATH, Access, Refused, SignInRequest
+from modelfs.sync.signin import (
+    MAX_NONCE,
+    PROOF_HEADER,
+    PROOF_NONCE_HEADER,
+    SERVICE,
+    TOKEN_PATH,
+    Access,
+    Refused,
+    SignInRequest,
+    proof_path,
+)
 
 log = logging.getLogger(__name__)
 
@@ -1019,6 +1029,13 @@ class RegistryApp:
     ) -> None:
         if length:
             headers = [*headers, ("Content-Length", str(len(body)))]
+        nonce = request.headers.get(PROOF_NONCE_HEADER.lower(), "")
+        if 0 < len(nonce) <= MAX_NONCE:
+            # A sync daemon asks us to prove we hold the shared token before it uses a
+            # listing or manifest (signin.proof_ok); without a token there is nothing to prove.
+            proof = self.access.prove(nonce, proof_path(request.raw_path.decode("latin-1")))
+            if proof is not None:
+                headers = [*headers, (PROOF_HEADER, proof)]
         await send({"type": "http.response.start", "status": status, "headers": _encode(headers)})
         await send(
             {"type": "http.response.body", "body": b"" if request.method == "HEAD" else body}

@@ -329,9 +329,49 @@ class Access:
             raise Refused("it expired", path[:200])
 
     def _mac(self, purpose: str, expires: str, subject: str) -> str:
-        data = f"{purpose}\n{expires}\n{subject}".encode()
-        digest = hmac.new(self._secret, data, hashlib.sha256).digest()
-        return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+        return _mac(self._secret, purpose, expires, subject)
+
+    # -- peer proofs -----------------------------------------------------------------------
+    def prove(self, nonce: str, path: str) -> str | None:
+        """This server's answer to a peer's nonce (`peer_proof`), or None without a token."""
+        if self._token_hash is None:
+            return None
+        return _mac(self._token_hash, "peer-proof", nonce, path)
+
+
+def _mac(key: bytes, purpose: str, nonce: str, subject: str) -> str:
+    data = f"{purpose}\n{nonce}\n{subject}".encode()
+    digest = hmac.new(key, data, hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+
+# A sync daemon takes a peer's catalog and manifests only when the peer proves it holds the
+# shared token: the client sends a fresh nonce, the peer answers with an HMAC of it and the
+# request path keyed by the token (its sha256, all a server keeps), and the client checks it
+# before it reads the body. Anything else that listens on a peer's address (a tokenless
+# `modelfs serve`, one with another token) cannot choose what a tag becomes on every host.
+PROOF_NONCE_HEADER = "Modelfs-Peer-Nonce"
+PROOF_HEADER = "Modelfs-Peer-Proof"
+MAX_NONCE = 128  # longer nonces are not answered: a header's worth, no more
+
+
+def proof_path(path: str) -> str:
+    """What a proof covers: the path from `/v2/` on, so a peer behind a reverse proxy that
+    serves it under a prefix (`https://host/models/v2/…`) proves the same path it sees."""
+    at = path.find("/v2/")
+    return path[at:] if at >= 0 else path
+
+
+def new_nonce() -> str:
+    return secrets.token_urlsafe(24)
+
+
+def proof_ok(token: str, nonce: str, path: str, given: str | None) -> bool:
+    """Does `given` (the peer's PROOF_HEADER) prove it holds `token`? Constant-time."""
+    if not given:
+        return False
+    expected = _mac(token_hash(token), "peer-proof", nonce, proof_path(path))
+    return hmac.compare_digest(given.strip().encode(), expected.encode())
 
 
 def _fingerprint(blob: bytes) -> str:

@@ -1,0 +1,163 @@
+"""The sync daemon as a user meets it: `modelfs status` finds it through its config, and a
+host takes catalogs and manifests only from peers that prove they hold the shared token.
+Daemons and impostors are separate processes on loopback."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import httpx
+
+from modelfs.store.scan import scan_store
+from tests.builders import TinyStore
+from tests.test_daemon import MODELFS, REPO, complete, daemon, names, wait_until
+from tests.test_pull_hosts import _env, fakepeer
+from tests.test_serve_process import served
+
+
+def status_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [MODELFS, "status", *args], capture_output=True, text=True, timeout=30, env=_env()
+    )
+
+
+def get(url: str, token: Path) -> httpx.Response:
+    auth = {"Authorization": f"Bearer {token.read_text().strip()}"}
+    return httpx.get(url, headers=auth, timeout=10)
+
+
+def test_status_finds_the_daemon_through_its_config_alone(tmp_path: Path) -> None:
+    """No --url, no --token-file: the listen address and the token come from the config."""
+    token = tmp_path / "token"
+    token.write_text("c3RhdHVzLWZpbmRzLWl0cy1kYWVtb24=\n")
+    with daemon(tmp_path, "solo", store=str(tmp_path / "s"), token_file=str(token)) as d:
+        r = status_cli("--config", str(d.config))
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.startswith("host solo: store "), r.stdout
+        # --url still wins over the config's address.
+        r = status_cli("--config", str(d.config), "--url", "http://127.0.0.1:9")
+        assert r.returncode == 1 and "no sync daemon answers at http://127.0.0.1:9" in r.stderr
+    missing = tmp_path / "nowhere.toml"
+    r = status_cli("--config", str(missing))
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == [
+        f"modelfs: error: {missing}: cannot read: No such file or directory"
+    ]
+
+
+def test_impostors_on_peer_addresses_are_refused_and_named(tmp_path: Path) -> None:
+    """b's peers, in order: a tokenless `modelfs serve`, one with another token, the real
+    daemon a. Both impostors hold `gemma4:26b` as another model; the first peer's version
+    would win, so without proofs b would take the impostor's. b takes only a's, says which
+    peers failed (log, status, /metrics), and still uses a configured registry as before."""
+    token, wrong = tmp_path / "token", tmp_path / "wrong"
+    token.write_text("dGhlLXNoYXJlZC10b2tlbi1vZi10aGUtaG9zdHM=\n")
+    wrong.write_text("YW5vdGhlci10b2tlbi1lbnRpcmVseQ==\n")
+    real, fake, reg = (TinyStore(tmp_path / n) for n in ("real", "fake", "reg"))
+    real.gguf_model("gemma4:26b", b"the real gemma")
+    fake.gguf_model("gemma4:26b", b"an impostor's gemma")
+    fake.gguf_model("evil:1", b"only the impostors have this")
+    reg.gguf_model("fromreg:1", b"a registry's model")
+    b = tmp_path / "b"
+    with (
+        served(fake.root) as (tokenless, _),
+        served(fake.root, "--token-file", str(wrong)) as (other_token, _),
+        served(reg.root) as (registry, _),
+        daemon(tmp_path, "a", store=str(real.root), token_file=str(token)) as a,
+        daemon(
+            tmp_path,
+            "b",
+            store=str(b),
+            token_file=str(token),
+            peers=[tokenless, other_token, a.url],
+            registries=[registry],
+            replicate=["*"],
+            interval="1s",
+        ) as d,
+    ):
+        wait_until(lambda: complete(b, "gemma4:26b"), what="gemma4 from a")
+        wait_until(lambda: complete(b, "fromreg:1"), what="the registry's model")
+        wait_until(
+            lambda: all(
+                p["error"] for p in get(f"{d.url}/modelfs/v1/status", token).json()["peers"][:2]
+            ),
+            what="both impostors tried",
+        )
+        assert names(b) == {"gemma4:26b", "fromreg:1"}
+        here = {e.name.shortest: e.digest for e in scan_store(b)}
+        assert (
+            here["gemma4:26b"]
+            == {e.name.shortest: e.digest for e in scan_store(real.root)}["gemma4:26b"]
+        )
+        peers = {p["url"]: p for p in get(f"{d.url}/modelfs/v1/status", token).json()["peers"]}
+        assert "not a peer holding the shared token" in peers[tokenless]["error"]
+        assert peers[tokenless]["unproven"] >= 1 and not peers[tokenless]["models"]
+        assert "401" in peers[other_token]["error"] and not peers[other_token]["models"]
+        assert peers[a.url]["ok"] and peers[registry]["proof"] == "registry"
+        assert f"peer {tokenless}: not a peer holding the shared token" in d.text()
+        assert f"{tokenless}: {tokenless}" not in d.text()  # the URL once, not twice
+        metrics = get(f"{d.url}/metrics", token).text
+        assert f'modelfs_peer_up{{peer="{tokenless}"}} 0' in metrics
+        assert f'modelfs_peer_up{{peer="{other_token}"}} 0' in metrics
+        unproven = [
+            line
+            for line in metrics.splitlines()
+            if line.startswith(f'modelfs_peer_unproven_total{{peer="{tokenless}"}} ')
+        ]
+        assert unproven and int(unproven[0].split()[-1]) >= 1, metrics
+        r = status_cli("--config", str(d.config))
+        assert r.returncode == 0, r.stderr
+        row = next(line for line in r.stdout.splitlines() if line.strip().startswith(tokenless))
+        assert row.split()[1] == "UNTRUSTED:", r.stdout
+
+
+def test_every_status_word_is_defined_in_help_and_readme() -> None:
+    """The words `render_status` prints are each explained where a user looks."""
+    source = (REPO / "modelfs" / "cli" / "status.py").read_text()
+    words = ["ok", "DOWN", "UNTRUSTED", "listed", "same", "pulling", "waiting", "behind"]
+    for word in words:
+        assert f'"{word}' in source or f"'{word}" in source or f"{word}:" in source, word
+    r = status_cli("--help")
+    assert r.returncode == 0, r.stderr
+    readme = (REPO / "README.md").read_text()
+    for word in words:
+        assert f"\n    {word} " in r.stdout, (word, r.stdout)
+        assert f"| `{word}" in readme, word
+
+
+def test_replication_lag_is_zero_for_names_in_step(tmp_path: Path) -> None:
+    """A dashboard tells "in step" from "not measured": each selected name has a series."""
+    a = TinyStore(tmp_path / "a")
+    a.gguf_model("qwen3:0.6b", b"qwen weights")
+    b = tmp_path / "b"
+    with (
+        fakepeer(a.root) as peer_url,
+        daemon(tmp_path, "b", store=str(b), peers=[peer_url], replicate=["*"], interval="1s") as d,
+    ):
+        wait_until(lambda: complete(b, "qwen3:0.6b"), what="qwen3 on b")
+        wait_until(
+            lambda: (
+                'modelfs_replication_lag_seconds{name="qwen3:0.6b"} 0\n'
+                in httpx.get(f"{d.url}/metrics", timeout=10).text
+            ),
+            what="a lag series of 0",
+        )
+
+
+def test_a_registry_added_by_reload_is_used_without_a_proof(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("cmVsb2FkZWQtcmVnaXN0cmllcy10b2tlbg==\n")
+    reg = TinyStore(tmp_path / "reg")
+    reg.gguf_model("fromreg:1", b"a registry's model")
+    b = tmp_path / "b"
+    with (
+        served(reg.root) as (registry, _),
+        daemon(
+            tmp_path, "b", store=str(b), token_file=str(token), replicate=["*"], interval="1s"
+        ) as d,
+    ):
+        d.reload(registries=[registry])
+        wait_until(lambda: complete(b, "fromreg:1"), what="the registry's model after SIGHUP")
+        peers = get(f"{d.url}/modelfs/v1/status", token).json()["peers"]
+        assert [(p["url"], p["proof"], p["unproven"]) for p in peers] == [(registry, "registry", 0)]
