@@ -252,3 +252,22 @@ def test_hf_repos_are_what_huggingface_hub_names_them(tmp_path: Path) -> None:
     for repo_id in ids:
         validate_repo_id(repo_id)
     assert folders == {repo_folder_name(repo_id=i, repo_type="model") for i in ids}
+
+
+def test_link_into_a_file_or_fifo_is_one_line(tmp_path: Path) -> None:
+    """A DIR that is a file or a FIFO is refused by name, before anything is written."""
+    store = _store(tmp_path)
+    plain = tmp_path / "plain"
+    plain.write_text("x")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for target in (plain, fifo):
+        r = subprocess.run(
+            [MODELFS, "link", "--store", str(store.root), "--layout", "hf", str(target)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert r.returncode == 1
+        errors = [line for line in r.stderr.splitlines() if "error" in line]
+        assert errors == [f"modelfs: error: {target}: not a directory; give modelfs link a "
+                          "directory of its own"], r.stderr  # fmt: skip
+    assert plain.read_text() == "x"

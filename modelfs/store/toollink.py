@@ -90,6 +90,8 @@ def _is_ours(path: Path, kind: str, blobs: str) -> bool:
 def write_links(blobs_dir: Path, files: Sequence[ToolFile], dest: Path, layout: str) -> LinkReport:
     """Make `dest` hold `files` of `layout`; see the module's docstring."""
     blobs = os.path.realpath(blobs_dir)
+    if dest.exists() and not dest.is_dir():
+        raise StoreError(f"{dest}: not a directory; give modelfs link a directory of its own")
     dest.mkdir(parents=True, exist_ok=True)
     previous = _read_record(dest, layout)
     report = LinkReport()
