@@ -28,10 +28,11 @@ import pytest
 import safetensors.numpy
 
 from modelfs.cli.app import run
-from modelfs.cli.human import human_bytes, human_time, rfc3339_nano
+from modelfs.cli.human import human_time, rfc3339_nano
 from modelfs.store.digest import Digest
 from modelfs.store.layout import SYSTEM_STORE
 from modelfs.store.manifest import MEDIA_CONFIG, MEDIA_MANIFEST
+from modelfs.store.sizes import human_bytes
 from tests.builders import LAYER, TinyStore, compact, gguf_bytes
 
 REPO = Path(__file__).resolve().parent.parent

@@ -410,9 +410,11 @@ What the words mean:
     UNTRUSTED   it answered without proving it holds the shared token (an impostor on
                 the peer's address, or another token): nothing it lists is used
     listed ...  when its last listing succeeded ("never": not yet)
-  models (one column per peer; HERE is this host's digest, `-` when absent):
+  peers are named by host id (as their answers give it) with their URL
+  models (one column per peer; HERE is the tag's ID here, as `ls` and `show` give it,
+  `-` when absent):
     same        the peer has the digest this host has
-    <digest>    the peer has another version (its first 12 hex digits)
+    <ID>        the peer has another version, by its ID (12 hex digits)
     listed      the peer has the name, but `replicate` does not select it, so its
                 digest was not asked for (nothing to compare)
     -           the peer does not have the name

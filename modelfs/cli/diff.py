@@ -4,15 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from modelfs.cli.human import human_bytes, table
+from modelfs.cli.human import table
+from modelfs.store.sizes import human_bytes
+from modelfs.store.tagid import tag_id
 
 
 def _side_line(label: str, side: dict[str, Any]) -> str:
     name = side["name"] or side["ref"]
-    variant = f" @{side['runner']}" if side["list"] and side["runner"] else ""
+    shown = tag_id(
+        side["digest"], is_list=side["list"], child=side["manifest"], runner=side["runner"]
+    )
     quant = side["file_type"] or "-"
     return (
-        f"{label}  {name}{variant}  {side['digest'][7:19]}  ({side['source']})  "
+        f"{label}  {name}  {shown}  ({side['source']})  "
         f"{side['format'] or '-'}  {quant}  {human_bytes(side['size'])}"
     )
 

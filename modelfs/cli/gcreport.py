@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from modelfs.cli.human import human_bytes
 from modelfs.store.durations import format_duration
 from modelfs.store.gc import FileItem, GcPlan
+from modelfs.store.sizes import human_bytes
 from modelfs.sync.gc import GcReport
 
 

@@ -1,13 +1,12 @@
-"""Sizes and times as `ollama list` prints them (format/bytes.go, format/time.go)."""
+"""Sizes and times as `ollama list` prints them (format/bytes.go, format/time.go); sizes are
+store.sizes', shared with the layers below."""
 
 from __future__ import annotations
 
-import math
 import re
 import time
 from typing import Any
 
-_UNITS = ((1000**4, "TB"), (1000**3, "GB"), (1000**2, "MB"), (1000, "KB"))
 _HOUR_NS = 3600 * 1_000_000_000
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -27,17 +26,6 @@ def go_strings(obj: Any) -> Any:
     if isinstance(obj, list | tuple):
         return [go_strings(v) for v in obj]
     return obj
-
-
-def human_bytes(n: int) -> str:
-    """Decimal units, as Ollama's format.HumanBytes: `17 GB`, `2.5 GB`, `300 B`."""
-    for scale, unit in _UNITS:
-        if n >= scale:
-            value = float(n) / scale  # Go divides float64(b), rounded first
-            if value >= 10 or value == math.trunc(value):
-                return f"{int(value)} {unit}"
-            return f"{value:.1f} {unit}"
-    return f"{n} B"
 
 
 def _duration(ns: int) -> str:

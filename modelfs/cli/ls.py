@@ -6,11 +6,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-from modelfs.cli.human import go_strings, human_bytes, human_time, rfc3339_nano, table
+from modelfs.cli.human import go_strings, human_time, rfc3339_nano, table
 from modelfs.store.errors import StoreError
 from modelfs.store.gguf import FILE_TYPES, read_gguf_header_path
 from modelfs.store.manifest import go_marshal
 from modelfs.store.scan import DEFAULT_PREFER, Entry, StoreIndex
+from modelfs.store.sizes import human_bytes
 
 # Template actions, for the variables Ollama's template.Vars finds in them
 # (ollama/ollama fb30760 template/template.go:171-189): `.Tools`, `$.Suffix`, …
@@ -192,6 +193,16 @@ def ollama_entries(index: StoreIndex) -> list[Entry]:
     return sorted(legacy + v2_only, key=lambda e: (-(e.mtime_ns // 1_000_000_000), e.name.shortest))
 
 
+def _tag(index: StoreIndex, entry: Entry) -> Entry:
+    """The tag a listed entry stands for: a list's legacy anchor stands for the list, whose
+    digest is the ID every other command shows (store.tagid)."""
+    if entry.source == "legacy":
+        shown = index.entries.get(entry.name.key)
+        if shown is not None and shown.source == "v2":
+            return shown
+    return entry
+
+
 def listing(
     index: StoreIndex, prefer: tuple[str, ...] = DEFAULT_PREFER
 ) -> list[tuple[Entry, dict[str, Any]]]:
@@ -222,7 +233,7 @@ def render_table(
         rows.append(
             [
                 m["name"],
-                m["digest"][:12],
+                _tag(index, entry).digest.short,
                 # Ollama prints no size for a cloud model (its weights are elsewhere).
                 "-" if m.get("remote_model") else human_bytes(m["size"]),
                 human_time(entry.mtime, now),

@@ -13,8 +13,8 @@ import logging
 import time
 from typing import TextIO
 
-from modelfs.cli.human import human_bytes
 from modelfs.store.digest import Digest
+from modelfs.store.sizes import human_bytes
 from modelfs.sync.progress import PULLING_MANIFEST, SUCCESS, Totals, pulling
 
 

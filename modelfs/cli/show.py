@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from modelfs.cli.human import human_bytes, rfc3339_nano, table
+from modelfs.cli.human import rfc3339_nano, table
 from modelfs.store.compat import (
     COMPATIBLE_RUNNERS,
     CompatViews,
@@ -19,6 +19,7 @@ from modelfs.store.files import ModelFile, model_files
 from modelfs.store.manifest import ManifestList
 from modelfs.store.quant import manifest_quantization
 from modelfs.store.scan import DEFAULT_PREFER, Entry, StoreIndex, Variant
+from modelfs.store.sizes import human_bytes
 
 
 def _variant_record(
@@ -135,6 +136,7 @@ def show_record(
         "full_name": entry.name.full,
         "source": rel,
         "digest": str(entry.digest),
+        "id": entry.tag_id(prefer),
         "list": isinstance(entry.top, ManifestList),
         "modified_at": rfc3339_nano(entry.mtime_ns),
         "variants": [_variant_record(index, v, v is chosen, True) for v in entry.variants],
@@ -149,7 +151,7 @@ def show_record(
 def render(record: dict[str, Any]) -> str:
     out = [
         f"Model    {record['name']}  ({record['full_name']})",
-        f"ID       {record['digest'].removeprefix('sha256:')[:12]}  ({record['source']})",
+        f"ID       {record['id']}  ({record['source']})",
         f"Modified {record['modified_at']}",
         "",
     ]

@@ -8,7 +8,9 @@ from typing import Any
 
 import httpx
 
-from modelfs.cli.human import human_bytes, table
+from modelfs.cli.human import table
+from modelfs.store.sizes import human_bytes
+from modelfs.store.tagid import tag_id
 from modelfs.sync.credentials import CredentialsError, read_credentials
 
 
@@ -53,6 +55,11 @@ def _ago(ts: float | None, now: float) -> str:
     return f"{s / 3600:.0f}h ago"
 
 
+def _peer(p: dict[str, Any]) -> str:
+    """A peer as status names it: its host id (the one its answers give), else its URL."""
+    return str(p.get("host_id") or p["url"])
+
+
 def render_status(status: dict[str, Any]) -> str:
     now = time.time()
     d = status.get("daemon") or {}
@@ -77,7 +84,7 @@ def render_status(status: dict[str, Any]) -> str:
                 state = f"UNTRUSTED: {p['error']}"
             rows.append(
                 [
-                    "  " + p["url"],
+                    f"  {_peer(p)} ({p['url']})" if p.get("host_id") else "  " + p["url"],
                     state,
                     f"listed {_ago(p.get('last_ok'), now)}",
                     f"{len(p.get('models') or {})} model(s)",
@@ -86,13 +93,14 @@ def render_status(status: dict[str, Any]) -> str:
             )
         lines.append(table(rows))
     local: dict[str, str] = d.get("models") or {}
+    ids: dict[str, str] = d.get("ids") or {}
     names = sorted(set(local) | {n for p in peers for n in (p.get("models") or {})})
     if names:
         lines.append("models:")
-        rows = [["  NAME", "HERE", *[p["url"] for p in peers]]]
+        rows = [["  NAME", "HERE", *[_peer(p) for p in peers]]]
         for n in names:
             here = local.get(n, "")
-            row = ["  " + n, here[:12] or "-"]
+            row = ["  " + n, ids.get(n) or (tag_id(here) if here else "-")]
             for p in peers:
                 theirs = (p.get("models") or {}).get(n)
                 if theirs is None:
@@ -100,7 +108,7 @@ def render_status(status: dict[str, Any]) -> str:
                 elif not theirs:
                     row.append("listed")
                 else:
-                    row.append("same" if theirs == here else theirs[:12])
+                    row.append("same" if theirs == here else tag_id(theirs))
             rows.append(row)
         lines.append(table(rows))
     transfers = d.get("transfers") or []

@@ -37,6 +37,7 @@ from modelfs.store.manifest import (
 )
 from modelfs.store.names import Name, name_from_path_parts, parse_name
 from modelfs.store.prefetch import HEAD, cached, prefetch
+from modelfs.store.tagid import tag_id
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +159,16 @@ class Entry:
             return None
         known = {v.manifest.digest: v.manifest for v in self.variants}
         return self.top.children[rank_children(self.top, prefer, known)[0]]
+
+    def tag_id(self, prefer: Iterable[str] = DEFAULT_PREFER) -> str:
+        """The tag's ID as every command and log line shows it (store.tagid): for a list,
+        labelled with the child `prefer` makes this host use."""
+        if not isinstance(self.top, ManifestList):
+            return tag_id(self.digest)
+        chosen = self.preferred(prefer)
+        if chosen is None:
+            return tag_id(self.digest, is_list=True)
+        return tag_id(self.digest, is_list=True, child=chosen.manifest.digest, runner=chosen.runner)
 
     def variant(self, runner: str) -> Variant | None:
         for v in self.variants:

@@ -69,7 +69,7 @@ from modelfs.sync.http import (
     registry_auth,
 )
 from modelfs.sync.partial import Stopped
-from modelfs.sync.protocol import DIGEST_HEADER, MANIFEST_ACCEPT
+from modelfs.sync.protocol import DIGEST_HEADER, HOST_HEADER, MANIFEST_ACCEPT, MAX_HOST_ID
 from modelfs.sync.proxies import ProxyRules
 from modelfs.sync.signin import PROOF_HEADER, PROOF_NONCE_HEADER, new_nonce, proof_ok
 from modelfs.sync.tokenauth import parse_challenges, retry_delay
@@ -335,6 +335,7 @@ class PeerClient:
         self.read_timeout = session.read_timeout
         self._ssl = session.ssl_context
         self.proof_token = None if self.url in session.unproved else session.proof_token
+        self.host_id: str | None = None  # what its last listing named its host (HOST_HEADER)
         _split_url(self.url)  # reject a bad URL now
 
     def _challenge(self, headers: dict[str, str]) -> str | None:
@@ -439,6 +440,9 @@ class PeerClient:
                 response = await self.http.get(url, headers=headers)
                 raise_for_status(response, what)
             self._check_proof(response, nonce, what)
+            named = response.headers.get(HOST_HEADER, "")
+            if named and len(named) <= MAX_HOST_ID and named.isprintable():
+                self.host_id = named
             try:
                 body = response.json()
                 page = body[key] if isinstance(body, dict) else None

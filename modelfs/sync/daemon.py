@@ -48,6 +48,7 @@ from modelfs.store.layout import Layout
 from modelfs.store.leases import HEARTBEAT, LeaseKeeper
 from modelfs.store.names import Name
 from modelfs.store.scan import StoreIndex, child_runner
+from modelfs.store.tagid import tag_id
 from modelfs.sync.client import peer_session
 from modelfs.sync.config import ConfigError, SyncConfig, load_config
 from modelfs.sync.credentials import read_credentials
@@ -79,6 +80,7 @@ def _seconds(delay: float) -> str:
 @dataclass
 class PeerState:
     url: str
+    host_id: str | None = None  # as its proven listings name it (protocol.HOST_HEADER)
     failures: int = 0
     failed_at: float = 0.0  # trio clock, of the last failure
     listed_at: float = 0.0  # trio clock, when the last listing began
@@ -168,6 +170,7 @@ class Daemon:
         self.gc_last: dict[str, Any] | None = None
         self.url = ""
         self.local: dict[str, str] = {}  # this store's names -> digests, at the last round
+        self.ids: dict[str, str] = {}  # the same names -> their IDs as `ls`/`show` (store.tagid)
         self.keeper = LeaseKeeper(layout, "sync", ttl=config.gc.lease_ttl, host=config.host_id)
         self._wakes: dict[str, trio.Event] = {}  # one per periodic loop
         self._nursery: trio.Nursery | None = None
@@ -343,6 +346,7 @@ class Daemon:
         index = await self.index()
         local = {e.name.shortest: e.digest.hex for e in index}
         self.local = local
+        self.ids = {e.name.shortest: e.tag_id(config.prefer) for e in index}
         wanted: dict[str, tuple[str, list[str]]] = {}
         for peer in self.peers.values():  # config order: the first peer's version wins
             if peer.failures:
@@ -358,7 +362,7 @@ class Daemon:
         todo: dict[str, tuple[str, list[str], str]] = {}
         for name, (digest, sources) in sorted(wanted.items()):
             if local.get(name) != digest:
-                why = f"the peers have {digest[:12]}" if name in local else "not here yet"
+                why = f"the peers have {tag_id(digest)}" if name in local else "not here yet"
             else:
                 child = index.lacks_wanted(index.lookup(name), config.prefer)
                 if child is None:
@@ -417,6 +421,7 @@ class Daemon:
             peer.failed(exc, self.config.interval)
             return
         peer.models = digests
+        peer.host_id = client.host_id or peer.host_id
         peer.succeeded()
 
     async def _pull(self, t: Transfer) -> None:
@@ -464,6 +469,11 @@ class Daemon:
         self.pulled += 1
         self.behind.pop(name, None)
         self.local[name] = digest
+        try:
+            shown = (await self.index()).lookup(name).tag_id(self.config.prefer)
+        except StoreError:  # gone again already: the digest is all there is to show
+            shown = tag_id(digest)
+        self.ids[name] = shown
         for result in report.models:
             for url in result.avoided:
                 if url in self.peers:
@@ -473,9 +483,9 @@ class Daemon:
                 peer.bytes_in += result.fetched_bytes
                 peer.blobs_in += result.fetched
             log.info(
-                "replicated %s (%s) from %s: %d blob(s), %d bytes",
+                "replicated %s %s from %s: %d blob(s), %d bytes",
                 name,
-                digest[:12],
+                shown,
                 sources[0],
                 result.fetched,
                 result.fetched_bytes,
@@ -588,6 +598,7 @@ class Daemon:
                 "interval": self.config.interval,
                 "replicate": list(self.config.replicate),
                 "models": self.local,
+                "ids": self.ids,
                 "pulled": self.pulled,
                 "pull_failures": self.pull_failures,
                 "max_transfers": self.config.max_transfers,
@@ -627,6 +638,7 @@ class Daemon:
             "peers": [
                 {
                     "url": p.url,
+                    "host_id": p.host_id,
                     "ok": p.failures == 0 and p.last_ok is not None,
                     "last_ok": p.last_ok,
                     "error": p.last_error,

@@ -14,6 +14,10 @@ from modelfs.store.names import DEFAULT_HOST, Name
 MANIFEST_ACCEPT = ", ".join((MEDIA_LIST, MEDIA_MANIFEST, MEDIA_OCI_MANIFEST))
 DIGEST_HEADER = "Docker-Content-Digest"
 API_VERSION_HEADER = ("Docker-Distribution-API-Version", "registry/2.0")
+# A modelfs server names its host (`host_id`) on every answer, so a daemon shows its peers
+# by name; a daemon takes it only from an answer that proved the shared token.
+HOST_HEADER = "Modelfs-Host"
+MAX_HOST_ID = 253
 
 
 def repository_of(name: Name) -> str:

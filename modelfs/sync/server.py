@@ -94,7 +94,12 @@ from modelfs.store.manifest import (
 from modelfs.store.names import Name
 from modelfs.store.scan import DEFAULT_PREFER, ScanCache, StoreIndex, scan_store
 from modelfs.store.watch import store_signature
-from modelfs.sync.protocol import API_VERSION_HEADER, DIGEST_HEADER, name_from_repository
+from modelfs.sync.protocol import (
+    API_VERSION_HEADER,
+    DIGEST_HEADER,
+    HOST_HEADER,
+    name_from_repository,
+)
 from modelfs.sync.registry_names import RegistryNameError, repository_for
 from modelfs.sync.signin import (
     MAX_NONCE,
@@ -1029,6 +1034,7 @@ class RegistryApp:
     ) -> None:
         if length:
             headers = [*headers, ("Content-Length", str(len(body)))]
+        headers = [*headers, (HOST_HEADER, self.host_id)]
         nonce = request.headers.get(PROOF_NONCE_HEADER.lower(), "")
         if 0 < len(nonce) <= MAX_NONCE:
             # A sync daemon asks us to prove we hold the shared token before it uses a

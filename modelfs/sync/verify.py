@@ -37,6 +37,7 @@ from modelfs.store.gc import GcPolicy
 from modelfs.store.layout import Layout
 from modelfs.store.reach import reachable
 from modelfs.store.scan import scan_store
+from modelfs.store.sizes import human_bytes
 from modelfs.store.verify import (
     BlobCheck,
     CacheEntry,
@@ -240,9 +241,9 @@ async def verify(layout: Layout, options: VerifyOptions | None = None) -> Report
     blobs = await trio.to_thread.run_sync(_list_blobs, layout)
     cache = await trio.to_thread.run_sync(VerifyCache.load, layout)
     log.info(
-        "verifying %d blobs (%.1f GB), %s, %d at a time",
+        "verifying %d blobs (%s), %s, %d at a time",
         len(blobs),
-        sum(s for _, s in blobs) / 1e9,
+        human_bytes(sum(s for _, s in blobs)),
         "quick (xxh3 where the cache allows)" if options.quick else "full sha256",
         options.workers,
     )
