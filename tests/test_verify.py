@@ -27,6 +27,7 @@ from modelfs.store.layout import Layout
 from modelfs.store.leases import LeaseKeeper
 from modelfs.store.names import parse_name
 from modelfs.store.scan import scan_store
+from modelfs.store.sizes import human_bytes
 from modelfs.store.verify import FileKey, VerifyCache, check_blob, quarantine_blob
 from modelfs.sync.verify import VerifyOptions, run_verify
 from tests.builders import TinyStore
@@ -114,9 +115,12 @@ def blob_names(report: dict[str, Any], key: str) -> list[str]:
 # -- a clean store ----------------------------------------------------------------------------
 def test_clean_store_passes(tmp_path: Path) -> None:
     m = Model(tmp_path / "models")
-    rc, report, _ = verify(m.root)
+    rc, report, err = verify(m.root)
     assert rc == 0
     assert report["ok"] is True and report["problems"] == []
+    # Sizes as everywhere else (store.sizes), not "0.0 GB" for a small store.
+    total = sum(p.stat().st_size for p in m.layout.blobs.iterdir())
+    assert f"verifying 4 blobs ({human_bytes(total)})," in err, err
     assert report["mode"] == "full"
     # model, template, license, config
     assert report["checked"]["blobs"] == 4
