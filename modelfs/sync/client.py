@@ -50,7 +50,7 @@ import trio
 from modelfs.store.digest import Digest
 from modelfs.store.errors import InvalidDigestError, InvalidNameError
 from modelfs.store.manifest import MAX_MANIFEST_BYTES, MEDIA_LIST
-from modelfs.store.names import Name
+from modelfs.store.names import Name, parse_name
 from modelfs.sync.credentials import Credentials, Logins
 from modelfs.sync.errors import (
     PeerAuthError,
@@ -69,7 +69,13 @@ from modelfs.sync.http import (
     registry_auth,
 )
 from modelfs.sync.partial import Stopped
-from modelfs.sync.protocol import DIGEST_HEADER, HOST_HEADER, MANIFEST_ACCEPT, MAX_HOST_ID
+from modelfs.sync.protocol import (
+    DIGEST_HEADER,
+    HOST_HEADER,
+    MANIFEST_ACCEPT,
+    MAX_HOST_ID,
+    NAMES_FIELD,
+)
 from modelfs.sync.proxies import ProxyRules
 from modelfs.sync.signin import PROOF_HEADER, PROOF_NONCE_HEADER, new_nonce, proof_ok
 from modelfs.sync.tokenauth import parse_challenges, retry_delay
@@ -324,6 +330,19 @@ async def peer_session(
         yield PeerSession(http, read_timeout, ssl_context, proxies, proof_token, unproved)
 
 
+def _as_spelled(name: Name, spelled: str | None) -> Name:
+    """`name` as the peer's store spells it (NAMES_FIELD), when that is the same model (Ollama
+    folds case: the same `key`); else as listed."""
+    if spelled:
+        try:
+            parsed = parse_name(spelled)
+        except InvalidNameError:
+            return name
+        if parsed.key == name.key:
+            return parsed
+    return name
+
+
 class PeerClient:
     """A peer at `url` (scheme, host, port and an optional path prefix before `/v2/`), spoken
     to with its session's credentials (`PeerSession.peer` makes it)."""
@@ -427,8 +446,11 @@ class PeerClient:
         return FetchedManifest(raw, media_type, digest, self.url)
 
     # -- listings ------------------------------------------------------------------------------
-    async def _pages(self, path: str, key: str, what: str) -> list[str]:
-        """Every item of a paginated listing (`Link: <…>; rel="next"`), in the peer's order."""
+    async def _pages(
+        self, path: str, key: str, what: str, spelled: list[str | None] | None = None
+    ) -> list[str]:
+        """Every item of a paginated listing (`Link: <…>; rel="next"`), in the peer's order;
+        into `spelled`, in step, what a modelfs peer's NAMES_FIELD gives for each (else None)."""
         url: str | None = f"{self.url}{path}"
         items: list[str] = []
         for _ in range(MAX_PAGES):
@@ -453,14 +475,18 @@ class PeerClient:
             if not isinstance(page, list) or not all(isinstance(x, str) for x in page):
                 raise PeerError(f"{url}: {what}: not a list of strings")
             items += page
+            if spelled is not None:
+                names = body.get(NAMES_FIELD) if isinstance(body, dict) else None
+                ok = isinstance(names, list) and len(names) == len(page)
+                spelled += [n if ok and isinstance(n, str) else None for n in names or page]
             url = _next_link(response.headers.get("link"), str(response.url))
         return items
 
     async def catalog(self) -> list[str]:
         return await self._pages("/v2/_catalog?n=1000", "repositories", "the catalog")
 
-    async def tags(self, repo: str) -> list[str]:
-        return await self._pages(f"/v2/{repo}/tags/list?n=1000", "tags", f"tags of {repo}")
+    async def tags(self, repo: str, spelled: list[str | None] | None = None) -> list[str]:
+        return await self._pages(f"/v2/{repo}/tags/list?n=1000", "tags", f"tags of {repo}", spelled)
 
     async def models(self) -> list[Name]:
         """Every model the peer lists (catalog, then tags); repositories that are no Ollama
@@ -470,17 +496,20 @@ class PeerClient:
 
         names: list[Name] = []
         for repo in await self.catalog():
-            for tag in await self.tags(repo):
+            spelled: list[str | None] = []
+            tags = await self.tags(repo, spelled)
+            for tag, as_spelled in zip(tags, spelled, strict=True):
                 try:
-                    names.append(name_for(repo, tag))
-                    continue
+                    name = name_for(repo, tag)
                 except InvalidNameError:
-                    pass
-                try:
-                    # A modelfs peer lists names as the store spells them (uppercase too).
-                    names.append(name_from_repository(repo, tag))
-                except InvalidNameError as exc:
-                    log.debug("%s: skipping %s:%s (%s)", self.url, repo, tag, exc)
+                    try:
+                        # A name with no OCI form (a leading `_`): a modelfs peer lists it
+                        # lowercased.
+                        name = name_from_repository(repo, tag)
+                    except InvalidNameError as exc:
+                        log.debug("%s: skipping %s:%s (%s)", self.url, repo, tag, exc)
+                        continue
+                names.append(_as_spelled(name, as_spelled))
         return names
 
     # -- small blobs ----------------------------------------------------------------------------

@@ -42,11 +42,11 @@ from modelfs.runtime.leasing import LiveLease, leased
 from modelfs.runtime.notify import sd_notify
 from modelfs.store.digest import Digest
 from modelfs.store.durations import format_duration
-from modelfs.store.errors import LockBusyError, StoreError
+from modelfs.store.errors import InvalidNameError, LockBusyError, StoreError
 from modelfs.store.history import TagHistory
 from modelfs.store.layout import Layout
 from modelfs.store.leases import HEARTBEAT, LeaseKeeper
-from modelfs.store.names import Name
+from modelfs.store.names import Name, parse_name
 from modelfs.store.scan import StoreIndex, child_runner
 from modelfs.store.tagid import tag_id
 from modelfs.sync.client import peer_session
@@ -171,6 +171,7 @@ class Daemon:
         self.url = ""
         self.local: dict[str, str] = {}  # this store's names -> digests, at the last round
         self.ids: dict[str, str] = {}  # the same names -> their IDs as `ls`/`show` (store.tagid)
+        self.spelling: dict[tuple[str, str, str, str], str] = {}  # Name.key -> the name here
         self.keeper = LeaseKeeper(layout, "sync", ttl=config.gc.lease_ttl, host=config.host_id)
         self._wakes: dict[str, trio.Event] = {}  # one per periodic loop
         self._nursery: trio.Nursery | None = None
@@ -347,11 +348,13 @@ class Daemon:
         local = {e.name.shortest: e.digest.hex for e in index}
         self.local = local
         self.ids = {e.name.shortest: e.tag_id(config.prefer) for e in index}
+        self.spelling = {e.name.key: e.name.shortest for e in index}
         wanted: dict[str, tuple[str, list[str]]] = {}
         for peer in self.peers.values():  # config order: the first peer's version wins
             if peer.failures:
                 continue
-            for name, digest in peer.models.items():
+            for listed, digest in peer.models.items():
+                name = self._spelled_here(listed)
                 if not digest or not config.wants(name):
                     continue
                 chosen = wanted.get(name)
@@ -407,16 +410,25 @@ class Daemon:
                     self.wake()  # back up: what waited for it is tried at once
                 await self._sleep_until(lambda: peer.next_try(self.config.interval))
 
+    def _spelled_here(self, listed: str) -> str:
+        """A peer's name as this store spells that model (listed before this round knew)."""
+        try:
+            return self.spelling.get(parse_name(listed).key, listed)
+        except InvalidNameError:
+            return listed
+
     async def _list_peer(self, peer: PeerState) -> None:
         client = self.session.peer(peer.url)
         try:
             names: list[Name] = await client.models()
             digests: dict[str, str] = {}
             for n in names:
-                digests[n.shortest] = ""  # listed; its digest is asked only when selected
-                if self.config.wants(n.shortest):
+                # One model, one row: Ollama folds case, so a peer's `smollm2` is our `SmolLM2`.
+                shown = self.spelling.get(n.key, n.shortest)
+                digests[shown] = ""  # listed; its digest is asked only when selected
+                if self.config.wants(shown):
                     fetched = await client.manifest(n, n.tag)
-                    digests[n.shortest] = fetched.digest.hex
+                    digests[shown] = fetched.digest.hex
         except (SyncError, StoreError, httpx.HTTPError) as exc:
             peer.failed(exc, self.config.interval)
             return

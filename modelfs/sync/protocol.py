@@ -17,6 +17,10 @@ API_VERSION_HEADER = ("Docker-Distribution-API-Version", "registry/2.0")
 # A modelfs server names its host (`host_id`) on every answer, so a daemon shows its peers
 # by name; a daemon takes it only from an answer that proved the shared token.
 HOST_HEADER = "Modelfs-Host"
+# A modelfs server's `tags/list` answer also gives, in step with `tags`, each model's name
+# as its store spells it: the repository is lowercase (OCI), the store's names need not be.
+# OCI clients ignore a field they do not know.
+NAMES_FIELD = "modelfs.names"
 MAX_HOST_ID = 253
 
 

@@ -19,7 +19,8 @@ separators side by side or at the end, `:` in a host), so some names need a rule
 - **Case is folded to lowercase** in the repository. Ollama's own identity of a name is
   case-insensitive per part (`getExistingName`), so `SmolLM2` and `smollm2` are one model and
   this loses nothing Ollama distinguishes; the spelling on disk comes from the name given to
-  `modelfs pull` (a catalog-driven pull writes the lowercase spelling). Tags are valid OCI
+  `modelfs pull`; a catalog-driven pull takes a modelfs peer's spelling from its `tags/list`
+  answer (protocol.NAMES_FIELD) and a registry's lowercase one. Tags are valid OCI
   tags as they are, so they keep their case.
 - **A port's `:` in a host becomes `__`** (`localhost:5000` -> `localhost__5000`), and `__`
   in the host component becomes `:` again. DNS names never hold `_`, so this is reversible for

@@ -8,7 +8,8 @@ Endpoints (every one behind the same access rule, see `RegistryApp.check_access`
     GET|HEAD  /v2/<repo>/manifests/<tag|digest>     manifest bytes, byte for byte
     GET|HEAD  /v2/<repo>/blobs/<digest>             blob bytes, one Range, optional zstd
     GET       /v2/_catalog?n=&last=                 {"repositories": [...]}
-    GET       /v2/<repo>/tags/list?n=&last=         {"name": repo, "tags": [...]}
+    GET       /v2/<repo>/tags/list?n=&last=         {"name": repo, "tags": [...],
+                                                     "modelfs.names": [...]}
     GET       /modelfs/v1/status                    JSON: host, store, counts, uptime, traffic
     GET       /modelfs/v1/token                     a short-lived bearer token (sync.signin)
     GET       /metrics                              Prometheus text format
@@ -98,6 +99,7 @@ from modelfs.sync.protocol import (
     API_VERSION_HEADER,
     DIGEST_HEADER,
     HOST_HEADER,
+    NAMES_FIELD,
     name_from_repository,
 )
 from modelfs.sync.registry_names import RegistryNameError, repository_for
@@ -387,8 +389,11 @@ def listed_repository(name: Name) -> str:
 
 @dataclass(slots=True)
 class Repo:
-    name: str  # as spelled on disk
+    name: str  # as listed: lowercase, as OCI clients want it
     tags: list[str]
+    # tag -> the model's name as the store spells it (`hf.co/bartowski/SmolLM2-…:Q4_K_M`), for
+    # modelfs peers: a replica keeps the spelling (NAMES_FIELD of a `tags/list` answer).
+    spelled: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -416,6 +421,7 @@ class View:
             key = entry.name.key[:3]
             repo = view.repos.setdefault(key, Repo(listed_repository(entry.name), []))
             repo.tags.append(entry.name.tag)
+            repo.spelled[entry.name.tag] = entry.name.shortest
             if not entry.name.is_default_host:
                 view.elsewhere.setdefault(entry.name.key[1:], []).append(entry.name)
         for repo in view.repos.values():
@@ -731,7 +737,8 @@ class RegistryApp:
             repo = (await self.view()).repo(repository)
             tags, more = _page(repo.tags, request.query)
             headers = self._next_link(f"/v2/{repository}/tags/list", request.query, tags, more)
-            await self._respond_json(request, send, {"name": repo.name, "tags": tags}, headers)
+            body = {"name": repo.name, "tags": tags, NAMES_FIELD: [repo.spelled[t] for t in tags]}
+            await self._respond_json(request, send, body, headers)
             return
         if len(rest) >= 4 and rest[-2] in ("manifests", "blobs"):
             repository = "/".join(rest[:-2])
