@@ -23,6 +23,7 @@ the context makes (`sslobject_class` for httpx's memory-BIO TLS, `sslsocket_clas
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import ssl
 from collections.abc import Mapping
@@ -59,7 +60,7 @@ def pin_of_der(der: bytes) -> str:
     return PIN_PREFIX + hashlib.sha256(spki).hexdigest()
 
 
-def pin_of_cert_file(path: str | Path) -> str:
+def pin_of_cert_file(path: str | os.PathLike[str]) -> str:
     """The pin of the (first) certificate in a PEM file; ValueError or OSError if unusable."""
     data = Path(path).read_bytes()[:MAX_CERT_BYTES]
     try:
