@@ -48,12 +48,21 @@ def wait_until(cond: Callable[[], Any], timeout: float = 30.0, what: str = "") -
     raise AssertionError(f"timed out after {timeout} s waiting for {what or cond}")
 
 
+def toml_value(value: Any) -> str:
+    """JSON spelling, but tables inline (`{ url = …, pin = … }`), as TOML writes them."""
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    return json.dumps(value)
+
+
 def write_config(path: Path, **keys: Any) -> Path:
     gc = keys.pop("gc", None)
-    lines = [f"{k} = {json.dumps(v)}" for k, v in keys.items()]
+    lines = [f"{k} = {toml_value(v)}" for k, v in keys.items()]
     if gc is not None:
         lines.append("[gc]")
-        lines += [f"{k} = {json.dumps(v)}" for k, v in gc.items()]
+        lines += [f"{k} = {toml_value(v)}" for k, v in gc.items()]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -112,7 +121,8 @@ def daemon(
             what=f"{name} to be ready",
         )
         assert proc.poll() is None, log.read_text()
-        yield Daemon(proc, log, f"http://{keys['listen']}", config, keys)
+        scheme = "https" if "tls_cert" in keys else "http"
+        yield Daemon(proc, log, f"{scheme}://{keys['listen']}", config, keys)
     finally:
         if proc.poll() is None:
             proc.kill()
