@@ -164,6 +164,9 @@ def big_model(store: TinyStore, name: str, size: int, seed: int = 1) -> bytes:
     return store.gguf_model(name, payload)
 
 
+A_PIN = "sha256:" + "a" * 64  # well-formed
+
+
 # -- config ------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("body", "needle"),
@@ -180,6 +183,25 @@ def big_model(store: TinyStore, name: str, size: int, seed: int = 1) -> bytes:
         ('replicate = ["gemma4:*", ""]\n', "replicate[1]: expected a non-empty string"),
         ('listen = "nowhere"\n', "listen: invalid listen address"),
         ('tls_cert = "/c.pem"\n', "tls_cert: tls_cert and tls_key go together"),
+        (
+            'tls_cert = "/none/c.pem"\ntls_key = "/none/k.pem"\n',
+            "tls_cert, tls_key: /none/c.pem: no such file",
+        ),
+        ('peers = [{ url = "https://x:1", pin = "sha1:ab" }]\n', "peers[0].pin: expected sha256:"),
+        ('peers = [{ url = "https://x:1" }]\n', "peers[0].pin: missing"),
+        (
+            f'peers = [{{ url = "ftp://x", pin = "{A_PIN}" }}]\n',
+            "peers[0].url: expected http",
+        ),
+        (
+            f'peers = [{{ url = "http://x:1", pin = "{A_PIN}" }}]\n',
+            "peers[0].pin: a pinned peer is reached by https://, not http://x:1",
+        ),
+        (
+            f'peers = [{{ url = "https://x:1", pin = "{A_PIN}", pins = 1 }}]\n',
+            "peers[0].pins: unknown key",
+        ),
+        ("peers = [1]\n", "peers[0]: expected a URL or a table { url = …, pin = … }"),
         ('host_id = "a b"\n', "host_id: expected a host name"),
         ("store = [\n", "not valid TOML"),
         ('token_file = "/nonexistent/token"\n', "token_file: cannot read token file"),

@@ -27,6 +27,7 @@ from tests.test_daemon import (
     names,
     wait_until,
 )
+from tests.test_daemon_trust import status_cli
 from tests.test_pull_hosts import _env
 from tests.test_serve_process import OPENSSL, self_signed, served
 
@@ -191,13 +192,7 @@ def test_a_pinned_peer_replicates_and_an_impostor_on_its_port_is_refused(tmp_pat
             (a_url, pin, "pin and token", None)
         ]
         # `modelfs status` of a finds it through its config and trusts it by its own pin.
-        r = subprocess.run(
-            [MODELFS, "status", "--config", str(a.config)],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            env=_env(),
-        )
+        r = status_cli("--config", str(a.config))
         assert r.returncode == 0, r.stderr
         assert f"TLS pin: {pin} " in r.stdout, r.stdout
 
@@ -221,15 +216,47 @@ def test_a_pinned_peer_replicates_and_an_impostor_on_its_port_is_refused(tmp_pat
             metrics = httpx.get(f"{d.url}/metrics", headers=auth, timeout=10).text
             assert f'modelfs_peer_untrusted{{peer="{a_url}",reason="{UNPINNED}"}} 1' in metrics
             assert f'modelfs_peer_up{{peer="{a_url}"}} 0' in metrics
-            r = subprocess.run(
-                [MODELFS, "status", "--config", str(d.config)],
-                capture_output=True,
-                text=True,
-                timeout=30,
-                env=_env(),
-            )
+            r = status_cli("--config", str(d.config))
             assert r.returncode == 0, r.stderr
             row = next(line for line in r.stdout.splitlines() if line.strip().startswith(a_url))
             assert row.split()[1:5] == ["UNTRUSTED:", *UNPINNED.split()[:3]], r.stdout
             assert names(b) == {"gemma4:26b", "big:1"}
             assert digests(b) == digests(real.root)
+
+
+def test_an_unusable_certificate_or_key_is_one_line_before_anything_starts(
+    tmp_path: Path,
+) -> None:
+    """`modelfs sync` (naming its config's keys) and `modelfs serve` alike: a key that is a
+    directory, a key that is not the certificate's, a certificate that is not one."""
+    cert, key = certificate(tmp_path / "tls")
+    _, other_key = certificate(tmp_path / "other")
+    junk = tmp_path / "junk.pem"
+    junk.write_text("-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n")
+    keydir = tmp_path / "keydir"
+    keydir.mkdir()
+    cases = [
+        (cert, keydir, f"{keydir}: cannot read: Is a directory"),
+        (cert, other_key, f"{other_key}: not a usable key for {cert} (KEY_VALUES_MISMATCH)"),
+        (junk, key, f"{junk}: not a PEM certificate"),
+    ]
+    for i, (c, k, message) in enumerate(cases):
+        config = tmp_path / f"{i}.toml"
+        config.write_text(
+            f'store = "{tmp_path / "s"}"\nlisten = "127.0.0.1:0"\n'
+            f'tls_cert = "{c}"\ntls_key = "{k}"\n'
+        )
+        runs = [
+            (["sync", "--config", str(config)], f"{config}: tls_cert, tls_key: {message}"),
+            (
+                ["serve", "--store", str(tmp_path), "--tls-cert", str(c), "--tls-key", str(k)],
+                message,
+            ),
+        ]
+        for args, line in runs:
+            r = subprocess.run(
+                [MODELFS, *args], capture_output=True, text=True, timeout=30, env=_env()
+            )
+            errors = [ln for ln in r.stderr.splitlines() if ln.startswith("modelfs: ")]
+            assert r.returncode == 1 and errors[-1] == f"modelfs: error: {line}", (args, r.stderr)
+            assert "Traceback" not in r.stderr and "listening" not in r.stderr
