@@ -260,3 +260,40 @@ def test_an_unusable_certificate_or_key_is_one_line_before_anything_starts(
             errors = [ln for ln in r.stderr.splitlines() if ln.startswith("modelfs: ")]
             assert r.returncode == 1 and errors[-1] == f"modelfs: error: {line}", (args, r.stderr)
             assert "Traceback" not in r.stderr and "listening" not in r.stderr
+
+
+def test_a_wrong_pin_is_untrusted_until_a_reload_fixes_it(tmp_path: Path) -> None:
+    """A pin is reloadable like the peers: b starts with a's address pinned to another key
+    (UNTRUSTED, nothing taken), SIGHUP with a's pin, and a's model arrives."""
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    real = TinyStore(tmp_path / "real")
+    real.gguf_model("qwen3:0.6b", b"qwen weights")
+    cert, key = certificate(tmp_path / "a-tls")
+    other, _ = certificate(tmp_path / "other")
+    b = tmp_path / "b"
+    tls = {"tls_cert": str(cert), "tls_key": str(key)}
+    with daemon(tmp_path, "a", store=str(real.root), token_file=str(token), **tls) as a:
+        wrong = [{"url": a.url, "pin": pin_of_cert_file(other)}]
+        with daemon(
+            tmp_path,
+            "b",
+            store=str(b),
+            token_file=str(token),
+            peers=wrong,
+            replicate=["*"],
+            interval="1s",
+        ) as d:
+            auth = {"Authorization": f"Bearer {TOKEN.strip()}"}
+
+            def peer() -> dict[str, object]:
+                status = httpx.get(f"{d.url}/modelfs/v1/status", headers=auth, timeout=10)
+                found: dict[str, object] = status.json()["peers"][0]
+                return found
+
+            wait_until(lambda: peer()["untrusted"] == UNPINNED, what="the wrong pin refused")
+            assert names(b) == set()
+            d.reload(peers=[{"url": a.url, "pin": pin_of_cert_file(cert)}])
+            wait_until(lambda: complete(b, "qwen3:0.6b"), what="qwen3 after the reload")
+            wait_until(lambda: peer()["ok"], what="a trusted")
+            assert peer()["untrusted"] is None

@@ -97,6 +97,7 @@ class PeerState:
     blobs_in: int = 0
     verify_failures: int = 0  # bytes that did not hash to the digest asked for
     registry: bool = False  # an OCI registry (`registries`): no proof of the token asked
+    token: bool = False  # a peer that must hold this host's token (not a registry; a token_file)
     unproven: int = 0  # answers that did not prove the shared token (impostors)
     untrusted: str | None = None  # why its last answer was not trusted (`distrust`)
     scope: trio.CancelScope | None = None  # its listing task, cancelled when it leaves the config
@@ -110,7 +111,7 @@ class PeerState:
     def failed(self, exc: BaseException, interval: float) -> None:
         if isinstance(exc, PeerUnprovenError):
             self.unproven += 1
-        self.untrusted = distrust(exc, registry=self.registry)
+        self.untrusted = distrust(exc, token=self.token)
         if self.untrusted is not None:
             self.models = {}  # whatever it listed before is not to be trusted either
         self.failures += 1
@@ -137,15 +138,15 @@ class PeerState:
         self.untrusted = None
 
 
-def distrust(exc: BaseException, *, registry: bool) -> str | None:
+def distrust(exc: BaseException, *, token: bool) -> str | None:
     """Why a peer that failed so is UNTRUSTED rather than DOWN (None: it is only DOWN). A
-    peer (not a registry) that answers 401/403 refuses the shared token: another token,
-    or not one of ours."""
+    peer that must hold the shared `token` and answers 401/403 refuses it: it has another
+    token, or is not one of ours."""
     if isinstance(exc, PeerCertificateError):
         return UNPINNED
     if isinstance(exc, PeerUnprovenError):
         return "no proof of the shared token"
-    if isinstance(exc, PeerAuthError) and not registry:
+    if isinstance(exc, PeerAuthError) and token:
         return "refuses the shared token"
     return None
 
@@ -207,6 +208,7 @@ class Daemon:
         self.peers = {url: old.get(url) or PeerState(url) for url in self.config.sources}
         for url, peer in self.peers.items():
             peer.registry = url not in self.config.peers
+            peer.token = not peer.registry and self.config.token_file is not None
         if hasattr(self, "session"):  # a reload: registries and pins take effect now
             self.session.unproved = self._registries()
             self.session.tls.update(self.config.pins)
@@ -525,7 +527,7 @@ class Daemon:
         peer = self._named_in(str(exc))
         if peer is not None:
             peer.unproven += 1
-            peer.untrusted = distrust(exc, registry=peer.registry)
+            peer.untrusted = distrust(exc, token=peer.token)
             peer.models = {}
 
     def _named_in(self, message: str) -> PeerState | None:
