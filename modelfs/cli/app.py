@@ -431,7 +431,7 @@ STATUS_WORDS = """\
 What the words mean:
   peers:
     ok          its last listing succeeded (with a token_file: and it proved it holds
-                the shared token)
+                the shared token; with a pin: and its certificate matched)
     DOWN        its last listing failed (unreachable, refused, a bad answer): the reason
                 follows; its versions are not used until it answers again
     UNTRUSTED   it is not the peer the config names: no proof of the shared token,
