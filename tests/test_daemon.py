@@ -48,12 +48,21 @@ def wait_until(cond: Callable[[], Any], timeout: float = 30.0, what: str = "") -
     raise AssertionError(f"timed out after {timeout} s waiting for {what or cond}")
 
 
+def toml_value(value: Any) -> str:
+    """JSON spelling, but tables inline (`{ url = …, pin = … }`), as TOML writes them."""
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    return json.dumps(value)
+
+
 def write_config(path: Path, **keys: Any) -> Path:
     gc = keys.pop("gc", None)
-    lines = [f"{k} = {json.dumps(v)}" for k, v in keys.items()]
+    lines = [f"{k} = {toml_value(v)}" for k, v in keys.items()]
     if gc is not None:
         lines.append("[gc]")
-        lines += [f"{k} = {json.dumps(v)}" for k, v in gc.items()]
+        lines += [f"{k} = {toml_value(v)}" for k, v in gc.items()]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -112,7 +121,8 @@ def daemon(
             what=f"{name} to be ready",
         )
         assert proc.poll() is None, log.read_text()
-        yield Daemon(proc, log, f"http://{keys['listen']}", config, keys)
+        scheme = "https" if "tls_cert" in keys else "http"
+        yield Daemon(proc, log, f"{scheme}://{keys['listen']}", config, keys)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -154,6 +164,9 @@ def big_model(store: TinyStore, name: str, size: int, seed: int = 1) -> bytes:
     return store.gguf_model(name, payload)
 
 
+A_PIN = "sha256:" + "a" * 64  # well-formed
+
+
 # -- config ------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("body", "needle"),
@@ -170,6 +183,25 @@ def big_model(store: TinyStore, name: str, size: int, seed: int = 1) -> bytes:
         ('replicate = ["gemma4:*", ""]\n', "replicate[1]: expected a non-empty string"),
         ('listen = "nowhere"\n', "listen: invalid listen address"),
         ('tls_cert = "/c.pem"\n', "tls_cert: tls_cert and tls_key go together"),
+        (
+            'tls_cert = "/none/c.pem"\ntls_key = "/none/k.pem"\n',
+            "tls_cert, tls_key: /none/c.pem: no such file",
+        ),
+        ('peers = [{ url = "https://x:1", pin = "sha1:ab" }]\n', "peers[0].pin: expected sha256:"),
+        ('peers = [{ url = "https://x:1" }]\n', "peers[0].pin: missing"),
+        (
+            f'peers = [{{ url = "ftp://x", pin = "{A_PIN}" }}]\n',
+            "peers[0].url: expected http",
+        ),
+        (
+            f'peers = [{{ url = "http://x:1", pin = "{A_PIN}" }}]\n',
+            "peers[0].pin: a pinned peer is reached by https://, not http://x:1",
+        ),
+        (
+            f'peers = [{{ url = "https://x:1", pin = "{A_PIN}", pins = 1 }}]\n',
+            "peers[0].pins: unknown key",
+        ),
+        ("peers = [1]\n", "peers[0]: expected a URL or a table { url = …, pin = … }"),
         ('host_id = "a b"\n', "host_id: expected a host name"),
         ("store = [\n", "not valid TOML"),
         ('token_file = "/nonexistent/token"\n', "token_file: cannot read token file"),

@@ -50,7 +50,8 @@ def test_impostors_on_peer_addresses_are_refused_and_named(tmp_path: Path) -> No
     """b's peers, in order: a tokenless `modelfs serve`, one with another token, the real
     daemon a. Both impostors hold `gemma4:26b` as another model; the first peer's version
     would win, so without proofs b would take the impostor's. b takes only a's, says which
-    peers failed (log, status, /metrics), and still uses a configured registry as before."""
+    peers failed (log, status, /metrics), and still uses a configured registry as before.
+    Both are UNTRUSTED, the one with another token (it answers 401) too, not DOWN."""
     token, wrong = tmp_path / "token", tmp_path / "wrong"
     token.write_text("dGhlLXNoYXJlZC10b2tlbi1vZi10aGUtaG9zdHM=\n")
     wrong.write_text("YW5vdGhlci10b2tlbi1lbnRpcmVseQ==\n")
@@ -94,12 +95,19 @@ def test_impostors_on_peer_addresses_are_refused_and_named(tmp_path: Path) -> No
         assert "not a peer holding the shared token" in peers[tokenless]["error"]
         assert peers[tokenless]["unproven"] >= 1 and not peers[tokenless]["models"]
         assert "401" in peers[other_token]["error"] and not peers[other_token]["models"]
+        # Another token answers 401: not a peer of ours, so UNTRUSTED, not DOWN.
+        assert peers[tokenless]["untrusted"] == "no proof of the shared token"
+        assert peers[other_token]["untrusted"] == "refuses the shared token"
+        assert peers[a.url]["untrusted"] is None and peers[registry]["untrusted"] is None
         assert peers[a.url]["ok"] and peers[registry]["proof"] == "registry"
         assert f"peer {tokenless}: not a peer holding the shared token" in d.text()
         assert f"{tokenless}: {tokenless}" not in d.text()  # the URL once, not twice
         metrics = get(f"{d.url}/metrics", token).text
         assert f'modelfs_peer_up{{peer="{tokenless}"}} 0' in metrics
         assert f'modelfs_peer_up{{peer="{other_token}"}} 0' in metrics
+        reason = 'reason="refuses the shared token"'
+        assert f'modelfs_peer_untrusted{{peer="{other_token}",{reason}}} 1' in metrics
+        assert f'modelfs_peer_untrusted{{peer="{a.url}"}} 0' in metrics
         unproven = [
             line
             for line in metrics.splitlines()
@@ -108,8 +116,9 @@ def test_impostors_on_peer_addresses_are_refused_and_named(tmp_path: Path) -> No
         assert unproven and int(unproven[0].split()[-1]) >= 1, metrics
         r = status_cli("--config", str(d.config))
         assert r.returncode == 0, r.stderr
-        row = next(line for line in r.stdout.splitlines() if line.strip().startswith(tokenless))
-        assert row.split()[1] == "UNTRUSTED:", r.stdout
+        for url in (tokenless, other_token):
+            row = next(line for line in r.stdout.splitlines() if line.strip().startswith(url))
+            assert row.split()[1] == "UNTRUSTED:", r.stdout
 
 
 def test_every_status_word_is_defined_in_help_and_readme() -> None:

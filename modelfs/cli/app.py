@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 import os
+import ssl
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -182,8 +183,13 @@ def cmd_umount(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from modelfs.sync.serve import run_server
+    from modelfs.sync.serve import print_pin, run_server
 
+    if args.print_pin:
+        if args.tls_cert is None:
+            raise UserError("--print-pin needs --tls-cert FILE")
+        _print(print_pin(args.tls_cert))
+        return 0
     root = find_store_root(args.store)
 
     def ready(url: str) -> None:
@@ -297,16 +303,35 @@ def cmd_sync(args: argparse.Namespace) -> int:
             AuthorizedKeys(config.authorized_keys)
         except AccessConfigError as exc:
             raise UserError(f"{config.path}: authorized_keys: {exc}") from None
+    if config.tls_cert is not None and config.tls_key is not None:
+        from modelfs.sync.serve import ServeError, check_tls
+
+        try:
+            check_tls(config.tls_cert, config.tls_key)
+        except ServeError as exc:
+            raise UserError(f"{config.path}: tls_cert, tls_key: {exc}") from None
     if config.token_file is None and config.peers:
         log.info("no token_file: peers must serve loopback clients without a token")
     run_daemon(config, Layout(root))
     return 0
 
 
+def _own_certificate(tls_cert: Path) -> ssl.SSLContext | bool:
+    """The daemon found through its config is trusted by its own certificate's pin (a
+    self-signed one is no CA's); a certificate this user cannot read: the usual checks."""
+    from modelfs.sync.pins import pin_of_cert_file, pinned_context
+
+    try:
+        return pinned_context(pin_of_cert_file(tls_cert))
+    except (OSError, ValueError):
+        return True
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from modelfs.cli.status import fetch_status, render_status
 
     url, token_file = args.url, args.token_file
+    verify: ssl.SSLContext | bool = True
     if url is None or token_file is None:
         from modelfs.sync.config import DEFAULT_CONFIG, load_config
 
@@ -314,9 +339,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         # one (no --config, nothing at the default path) the daemon's defaults are assumed.
         if args.config is not None or DEFAULT_CONFIG.exists():
             config = load_config(args.config or DEFAULT_CONFIG)
+            if url is None and config.tls_cert is not None:
+                verify = _own_certificate(config.tls_cert)
             url = url or config.local_url
             token_file = token_file or config.token_file
-    status, error = fetch_status(url or DEFAULT_STATUS_URL, token_file)
+    status, error = fetch_status(url or DEFAULT_STATUS_URL, token_file, verify=verify)
     if args.json:
         _print(json.dumps(status if status is not None else {"error": error}))
     elif status is not None:
@@ -404,11 +431,12 @@ STATUS_WORDS = """\
 What the words mean:
   peers:
     ok          its last listing succeeded (with a token_file: and it proved it holds
-                the shared token)
+                the shared token; with a pin: and its certificate matched)
     DOWN        its last listing failed (unreachable, refused, a bad answer): the reason
                 follows; its versions are not used until it answers again
-    UNTRUSTED   it answered without proving it holds the shared token (an impostor on
-                the peer's address, or another token): nothing it lists is used
+    UNTRUSTED   it is not the peer the config names: no proof of the shared token,
+                it refuses the token (401: another token), or its TLS certificate
+                does not match its `pin`; nothing it lists is used
     listed ...  when its last listing succeeded ("never": not yet)
   peers are named by host id (as their answers give it) with their URL
   models (one column per peer; HERE is the tag's ID here, as `ls` and `show` give it,
@@ -606,6 +634,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--tls-cert", metavar="F", type=Path, help="serve HTTPS with this certificate")
     p.add_argument("--tls-key", metavar="F", type=Path, help="the certificate's private key")
+    p.add_argument(
+        "--print-pin",
+        action="store_true",
+        help="print the --tls-cert's pin (sha256:<hex of its public key>) for peers' "
+        "`pin`, and exit",
+    )
     _add_prefer(
         p,
         "child of a manifest list served to clients that do not take lists "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 import time
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,9 @@ from modelfs.store.tagid import tag_id
 from modelfs.sync.credentials import CredentialsError, read_credentials
 
 
-def fetch_status(url: str, token_file: Path | None) -> tuple[dict[str, Any] | None, str | None]:
+def fetch_status(
+    url: str, token_file: Path | None, *, verify: ssl.SSLContext | bool = True
+) -> tuple[dict[str, Any] | None, str | None]:
     """(the daemon's /modelfs/v1/status, None) or (None, a one-line reason)."""
     headers = {}
     if token_file is not None:
@@ -24,7 +27,7 @@ def fetch_status(url: str, token_file: Path | None) -> tuple[dict[str, Any] | No
             return None, str(exc)
     target = url.rstrip("/") + "/modelfs/v1/status"
     try:
-        r = httpx.get(target, headers=headers, timeout=10.0)
+        r = httpx.get(target, headers=headers, timeout=10.0, verify=verify)
     except httpx.InvalidURL as exc:
         return None, f"--url {url!r}: {exc}"
     except httpx.HTTPError as exc:
@@ -74,14 +77,16 @@ def render_status(status: dict[str, Any]) -> str:
     lines.append(
         f"replicates: {replicate}; every {d.get('interval', 0):g}s, round {d.get('rounds')}"
     )
+    if d.get("pin"):
+        lines.append(f"TLS pin: {d['pin']} (its peers' `pin` for this host)")
     peers = status.get("peers") or []
     if peers:
         lines.append("peers:")
         rows = []
         for p in peers:
             state = "ok" if p.get("ok") else f"DOWN: {p.get('error') or 'not reached yet'}"
-            if not p.get("ok") and "not a peer holding the shared token" in (p.get("error") or ""):
-                state = f"UNTRUSTED: {p['error']}"
+            if p.get("untrusted"):
+                state = f"UNTRUSTED: {p.get('error') or p['untrusted']}"
             rows.append(
                 [
                     f"  {_peer(p)} ({p['url']})" if p.get("host_id") else "  " + p["url"],

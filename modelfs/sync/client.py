@@ -23,7 +23,8 @@ understand (chunked, compressed, no Content-Length) raises `NeedsHttpx`, and the
 fetches that range with httpx instead.
 
 Every failure is a `sync.errors` class with a one-line message that names the peer's URL:
-PeerAuthError (401/403), PeerNotFoundError (404), PeerLiedError (bytes that do not match
+PeerAuthError (401/403), PeerNotFoundError (404), PeerCertificateError (a pinned peer whose
+certificate is another: sync.pins), PeerLiedError (bytes that do not match
 the digest, a wrong Content-Length or Content-Range, a body cut short — `TruncatedBodyError`),
 PeerUnreachableError (refused, DNS, TLS, timeout, a stall of `read_timeout` seconds),
 PeerError (any other status, a broken response).
@@ -39,7 +40,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 from urllib.parse import urljoin, urlsplit
@@ -63,12 +64,14 @@ from modelfs.sync.errors import (
 from modelfs.sync.http import (
     READ_TIMEOUT,
     USER_AGENT,
+    certificate_error,
     make_client,
     mapped_errors,
     raise_for_status,
     registry_auth,
 )
 from modelfs.sync.partial import Stopped
+from modelfs.sync.pins import PeerTls, PinMismatch
 from modelfs.sync.protocol import (
     DIGEST_HEADER,
     HOST_HEADER,
@@ -293,6 +296,7 @@ class PeerSession:
         proxies: ProxyRules | None = None,
         proof_token: str | None = None,
         unproved: frozenset[str] = frozenset(),
+        tls: PeerTls | None = None,
     ) -> None:
         self.http = http
         self.auth = registry_auth(http)
@@ -303,6 +307,8 @@ class PeerSession:
         # used (signin.proof_ok); `unproved` are registries, which hold no modelfs token.
         self.proof_token = proof_token
         self.unproved = frozenset(u.rstrip("/") for u in unproved)
+        # Pinned peers' TLS, shared with the httpx client's transport; `tls.update` on reload.
+        self.tls = tls if tls is not None else PeerTls()
 
     def peer(self, url: str) -> PeerClient:
         return PeerClient(url, self)
@@ -317,17 +323,25 @@ async def peer_session(
     push: bool = False,
     proof_token: str | None = None,
     unproved: frozenset[str] = frozenset(),
+    pins: Mapping[str, str] | None = None,
 ) -> AsyncIterator[PeerSession]:
     """Where every client of a peer is made: the httpx client signing in with `credentials`
     (a token file, `--username`, or else docker's; sync.tokenauth), and the same sign-in and
     proxies for the raw large-blob receiver. `push` asks registries for `pull,push`. With a
-    `proof_token`, every peer but those in `unproved` must prove it holds that token."""
+    `proof_token`, every peer but those in `unproved` must prove it holds that token. A
+    peer URL in `pins` must present the certificate its pin names (sync.pins), on both paths."""
     verify: bool | ssl.SSLContext = ssl_context if ssl_context is not None else True
     proxies = ProxyRules.from_environment()
+    tls = PeerTls(pins)
     async with make_client(
-        credentials, read_timeout=read_timeout, verify=verify, push=push, proxies=proxies
+        credentials,
+        read_timeout=read_timeout,
+        verify=verify,
+        push=push,
+        proxies=proxies,
+        tls=tls,
     ) as http:
-        yield PeerSession(http, read_timeout, ssl_context, proxies, proof_token, unproved)
+        yield PeerSession(http, read_timeout, ssl_context, proxies, proof_token, unproved, tls)
 
 
 def _as_spelled(name: Name, spelled: str | None) -> Name:
@@ -764,9 +778,16 @@ class PeerClient:
             if proxy is not None and scheme == "https":
                 self._tunnel(sock, host, port, proxy_auth, dialled)
             if scheme == "https":
-                context = self._ssl or ssl.create_default_context()
+                context = (
+                    self.session.tls.context_for(scheme, host, port)
+                    or self._ssl
+                    or ssl.create_default_context()
+                )
                 sock = context.wrap_socket(sock, server_hostname=host)
             sock.settimeout(POLL)
+        except PinMismatch as exc:
+            sock.close()
+            raise certificate_error(self.url, exc) from None
         except ssl.SSLError as exc:
             sock.close()
             raise PeerUnreachableError(f"{self.url}: TLS failed ({exc.reason or exc})") from None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,6 +23,7 @@ from modelfs.store.leases import DEFAULT_TTL
 from modelfs.store.lockfile import host_id
 from modelfs.store.scan import DEFAULT_PREFER
 from modelfs.sync.errors import SyncError
+from modelfs.sync.pins import parse_pin
 from modelfs.sync.serve import DEFAULT_PORT, ServeError, parse_listen
 
 T = TypeVar("T")
@@ -67,6 +68,7 @@ class SyncConfig:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     peers: tuple[str, ...] = ()
+    pins: Mapping[str, str] = field(default_factory=dict)  # peer URL -> its pin (sync.pins)
     registries: tuple[str, ...] = ()  # OCI registries: sources that prove no modelfs token
     replicate: tuple[str, ...] = ()
     prefer: tuple[str, ...] = DEFAULT_PREFER
@@ -204,7 +206,7 @@ def load_config(path: str | os.PathLike[str]) -> SyncConfig:
     tls_key = r.convert("tls_key", None, Path)
     if (tls_cert is None) != (tls_key is None):
         raise r.fail("tls_cert", "tls_cert and tls_key go together")
-    peers = tuple(_checked(r, "peers", _url))
+    peers, pins = _peers(r)
     registries = tuple(_checked(r, "registries", _url))
     replicate = tuple(_checked(r, "replicate", _pattern))
     prefer = tuple(p.lower() for p in r.strings("prefer", DEFAULT_PREFER))
@@ -239,6 +241,7 @@ def load_config(path: str | os.PathLike[str]) -> SyncConfig:
         tls_cert=tls_cert,
         tls_key=tls_key,
         peers=peers,
+        pins=pins,
         registries=registries,
         replicate=replicate,
         prefer=prefer,
@@ -246,6 +249,44 @@ def load_config(path: str | os.PathLike[str]) -> SyncConfig:
         max_transfers=max_transfers,
         gc=gc,
     )
+
+
+def _peers(r: _Reader) -> tuple[tuple[str, ...], dict[str, str]]:
+    """`peers`: each a URL, or a table `{ url = "https://…", pin = "sha256:…" }` whose
+    certificate must be the pinned one (sync.pins)."""
+    value = r.get("peers", list, [])
+    urls: list[str] = []
+    pins: dict[str, str] = {}
+    for i, item in enumerate(value):
+        where = f"peers[{i}]"
+        if isinstance(item, dict):
+            entry = _Reader(r.path, item, f"{where}.")
+            url = entry.get("url", str, "")
+            pin = entry.get("pin", str, "")
+            entry.check_unknown()
+            if not url:
+                raise entry.fail("url", "missing (a peer table needs url and pin)")
+            try:
+                url = _url(url)
+            except ValueError as exc:
+                raise entry.fail("url", str(exc)) from None
+            if not pin:
+                raise entry.fail("pin", "missing (without a pin, write the URL alone)")
+            try:
+                pins[url] = parse_pin(pin)
+            except ValueError as exc:
+                raise entry.fail("pin", str(exc)) from None
+            if not url.startswith("https://"):
+                raise entry.fail("pin", f"a pinned peer is reached by https://, not {url}")
+        elif isinstance(item, str) and item.strip():
+            try:
+                url = _url(item.strip())
+            except ValueError as exc:
+                raise r.fail(where, str(exc)) from None
+        else:
+            raise r.fail(where, "expected a URL or a table { url = …, pin = … }")
+        urls.append(url)
+    return tuple(urls), pins
 
 
 def _checked(r: _Reader, key: str, parse: Callable[[str], str]) -> list[str]:

@@ -52,8 +52,16 @@ from modelfs.store.tagid import tag_id
 from modelfs.sync.client import peer_session
 from modelfs.sync.config import ConfigError, SyncConfig, load_config
 from modelfs.sync.credentials import read_credentials
-from modelfs.sync.errors import LocalWriteError, PeerLiedError, PeerUnprovenError, SyncError
+from modelfs.sync.errors import (
+    LocalWriteError,
+    PeerAuthError,
+    PeerCertificateError,
+    PeerLiedError,
+    PeerUnprovenError,
+    SyncError,
+)
 from modelfs.sync.gc import GcReport, run_gc
+from modelfs.sync.pins import UNPINNED, pin_of_cert_file
 from modelfs.sync.progress import TallyProgress
 from modelfs.sync.pull import PullOptions, pull, pull_lease
 from modelfs.sync.serve import serve
@@ -91,7 +99,9 @@ class PeerState:
     blobs_in: int = 0
     verify_failures: int = 0  # bytes that did not hash to the digest asked for
     registry: bool = False  # an OCI registry (`registries`): no proof of the token asked
+    token: bool = False  # a peer that must hold this host's token (not a registry; a token_file)
     unproven: int = 0  # answers that did not prove the shared token (impostors)
+    untrusted: str | None = None  # why its last answer was not trusted (`distrust`)
     scope: trio.CancelScope | None = None  # its listing task, cancelled when it leaves the config
 
     def next_try(self, interval: float) -> float:
@@ -102,9 +112,11 @@ class PeerState:
 
     def failed(self, exc: BaseException, interval: float) -> None:
         if isinstance(exc, PeerUnprovenError):
-            # Whatever it listed before is not to be trusted either.
             self.unproven += 1
-            self.models = {}
+        self.untrusted = distrust(exc, token=self.token)
+        if self.untrusted is not None:
+            self.models = {}  # whatever it listed before is not to be trusted either
+            self.host_id = None  # nor the name: who answers there now is not the peer
         self.failures += 1
         # Sync errors start with the peer's URL; the log line and status name it once.
         message = str(exc).removeprefix(f"{self.url}: ")
@@ -126,6 +138,20 @@ class PeerState:
         if self.failures:
             log.info("peer %s: reachable again", self.url)
         self.failures, self.last_error, self.last_ok = 0, None, time.time()
+        self.untrusted = None
+
+
+def distrust(exc: BaseException, *, token: bool) -> str | None:
+    """Why a peer that failed so is UNTRUSTED rather than DOWN (None: it is only DOWN). A
+    peer that must hold the shared `token` and answers 401/403 refuses it: it has another
+    token, or is not one of ours."""
+    if isinstance(exc, PeerCertificateError):
+        return UNPINNED
+    if isinstance(exc, PeerUnprovenError):
+        return "no proof of the shared token"
+    if isinstance(exc, PeerAuthError) and token:
+        return "refuses the shared token"
+    return None
 
 
 @dataclass
@@ -169,6 +195,7 @@ class Daemon:
         self.gc_bytes_freed = 0
         self.gc_last: dict[str, Any] | None = None
         self.url = ""
+        self.pin: str | None = None  # of this host's own certificate, for its peers' configs
         self.local: dict[str, str] = {}  # this store's names -> digests, at the last round
         self.ids: dict[str, str] = {}  # the same names -> their IDs as `ls`/`show` (store.tagid)
         self.spelling: dict[tuple[str, str, str, str], str] = {}  # Name.key -> the name here
@@ -186,8 +213,10 @@ class Daemon:
         self.peers = {url: old.get(url) or PeerState(url) for url in self.config.sources}
         for url, peer in self.peers.items():
             peer.registry = url not in self.config.peers
-        if hasattr(self, "session"):  # a reload: registries added or removed take effect now
+            peer.token = not peer.registry and self.config.token_file is not None
+        if hasattr(self, "session"):  # a reload: registries and pins take effect now
             self.session.unproved = self._registries()
+            self.session.tls.update(self.config.pins)
         for url, peer in old.items():
             if url not in self.peers and peer.scope is not None:
                 peer.scope.cancel()
@@ -250,6 +279,7 @@ class Daemon:
                 credentials,
                 proof_token=token,
                 unproved=self._registries(),
+                pins=self.config.pins,
             ) as self.session,
             leased(self.keeper, strict=False, heartbeat=heartbeat) as self.lease,
             contextlib.AsyncExitStack() as stack,
@@ -269,6 +299,8 @@ class Daemon:
                     )
                 )
                 self._nursery = nursery
+                if config.tls_cert is not None:  # serving: the certificate loaded
+                    self.pin = await trio.to_thread.run_sync(pin_of_cert_file, config.tls_cert)
                 self._sync_peers()  # a listing task per peer
                 nursery.start_soon(self._signals, nursery.cancel_scope)
                 nursery.start_soon(self._watchdog)
@@ -457,7 +489,7 @@ class Daemon:
             if isinstance(exc, PeerLiedError):
                 self._lied(str(exc))
             if isinstance(exc, PeerUnprovenError):
-                self._unproven(str(exc))
+                self._unproven(exc)
             delay = backoff(1, self.config.interval)
             behind = self.behind.get(name)
             if behind is not None and behind.digest == digest:
@@ -514,10 +546,11 @@ class Daemon:
         if peer is not None:
             peer.verify_failures += 1
 
-    def _unproven(self, message: str) -> None:
-        peer = self._named_in(message)
+    def _unproven(self, exc: PeerUnprovenError) -> None:
+        peer = self._named_in(str(exc))
         if peer is not None:
             peer.unproven += 1
+            peer.untrusted = distrust(exc, token=peer.token)
             peer.models = {}
 
     def _named_in(self, message: str) -> PeerState | None:
@@ -607,6 +640,7 @@ class Daemon:
         return {
             "daemon": {
                 "rounds": self.rounds,
+                "pin": self.pin,
                 "interval": self.config.interval,
                 "replicate": list(self.config.replicate),
                 "models": self.local,
@@ -658,14 +692,22 @@ class Daemon:
                     "bytes_in": p.bytes_in,
                     "blobs_in": p.blobs_in,
                     "verify_failures": p.verify_failures,
-                    "proof": "registry"
-                    if p.registry
-                    else ("required" if self.session.proof_token else "none (no token_file)"),
+                    "proof": self._proof(p),
+                    "pin": self.config.pins.get(p.url),
+                    "untrusted": p.untrusted,
                     "unproven": p.unproven,
                 }
                 for p in self.peers.values()
             ],
         }
+
+    def _proof(self, peer: PeerState) -> str:
+        """What a peer must show before its answers are used (README, "TLS peers")."""
+        if peer.registry:
+            return "registry"
+        token = "token" if self.session.proof_token else None
+        pin = "pin" if peer.url in self.config.pins else None
+        return " and ".join(p for p in (pin, token) if p) or "none (no token_file)"
 
     def lag(self, now: float) -> dict[str, float]:
         """Every selected name here or behind: seconds it has lagged the peers, 0 in step (so
@@ -678,11 +720,18 @@ class Daemon:
         now = time.time()
         peers = list(self.peers.values())
 
-        def label(url: str) -> str:
-            return '{peer="' + url.replace("\\", "\\\\").replace('"', '\\"') + '"}'
+        def labels(**values: str) -> str:
+            quoted = (
+                f'{k}="' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+                for k, v in values.items()
+            )
+            return "{" + ",".join(quoted) + "}"
+
+        def label(url: str, **more: str) -> str:
+            return labels(peer=url, **more)
 
         def name_label(n: str) -> str:
-            return '{name="' + n.replace("\\", "\\\\").replace('"', '\\"') + '"}'
+            return labels(name=n)
 
         return [
             (
@@ -708,6 +757,17 @@ class Daemon:
                 "counter",
                 "Answers from a peer that did not prove it holds the shared token.",
                 [(label(p.url), p.unproven) for p in peers],
+            ),
+            (
+                "peer_untrusted",
+                "gauge",
+                "1 when the peer's last answer was not trusted; the reason is a label.",
+                [
+                    (label(p.url), 0)
+                    if p.untrusted is None
+                    else (label(p.url, reason=p.untrusted), 1)
+                    for p in peers
+                ],
             ),
             (
                 "peer_up",

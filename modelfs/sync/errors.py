@@ -5,6 +5,7 @@
     │   ├── PeerAuthError       401/403: no or wrong token
     │   ├── PeerNotFoundError   404: no such repository, tag or blob
     │   ├── PeerUnprovenError   a peer that did not prove it holds the shared token
+    │   │   └── PeerCertificateError   its TLS certificate is not the one its `pin` names
     │   └── PeerLiedError       bytes that do not hash to the digest asked for, a wrong length
     ├── PeerUnreachableError    refused connection, DNS, TLS, timeout, stall
     ├── LocalWriteError         our side: disk full, permission denied
@@ -40,6 +41,10 @@ class PeerNotFoundError(PeerError):
 
 
 class PeerUnprovenError(PeerError):
+    pass
+
+
+class PeerCertificateError(PeerUnprovenError):
     pass
 
 

@@ -11,10 +11,12 @@ import httpx
 from modelfs.sync.credentials import Credentials, Logins
 from modelfs.sync.errors import (
     PeerAuthError,
+    PeerCertificateError,
     PeerError,
     PeerNotFoundError,
     PeerUnreachableError,
 )
+from modelfs.sync.pins import UNPINNED, PeerTls, PinMismatch, pin_mismatch
 from modelfs.sync.proxies import ProxyRouter, ProxyRules
 from modelfs.sync.tokenauth import MAX_WAIT, RegistryAuth, retry_delay
 
@@ -30,6 +32,7 @@ def make_client(
     verify: bool | str | ssl.SSLContext = True,
     push: bool = False,
     proxies: ProxyRules | None = None,
+    tls: PeerTls | None = None,
 ) -> httpx.AsyncClient:
     """An httpx client for peers and registries: every request routed by the proxy rules
     (sync.proxies, the environment's by default) and signed in by `RegistryAuth` (a token
@@ -43,6 +46,7 @@ def make_client(
     # own, since closing `http` closes it.
     transport = ProxyRouter(
         rules,
+        tls,
         verify=verify,
         limits=httpx.Limits(max_connections=32, max_keepalive_connections=16),
     )
@@ -93,11 +97,22 @@ def mapped_errors(url: str, what: str) -> Iterator[None]:
     except httpx.TimeoutException:
         raise PeerUnreachableError(f"{url}: timed out while fetching {what}") from None
     except httpx.ConnectError as exc:
+        mismatch = pin_mismatch(exc)
+        if mismatch is not None:
+            raise certificate_error(url, mismatch) from None
         raise PeerUnreachableError(f"{url}: cannot connect ({_reason(exc)})") from None
     except httpx.RemoteProtocolError as exc:
         raise PeerError(f"{url}: broken response while fetching {what} ({_reason(exc)})") from None
     except httpx.TransportError as exc:
         raise PeerUnreachableError(f"{url}: {_reason(exc)} while fetching {what}") from None
+
+
+def certificate_error(url: str, mismatch: PinMismatch) -> PeerCertificateError:
+    """The one line for a peer whose certificate is not the one its `pin` names."""
+    return PeerCertificateError(
+        f"{url}: {UNPINNED} (it presents {mismatch.found or 'no certificate'}, the config pins "
+        f"{mismatch.wanted}); nothing is taken from it"
+    )
 
 
 def _reason(exc: Exception) -> str:

@@ -2,7 +2,7 @@
 
     rules = ProxyRules.from_environment()
     rules.proxy_for(url) -> httpx.URL | None        None: connect directly
-    ProxyRouter(rules, verify=…, limits=…)          the httpx transport that follows them
+    ProxyRouter(rules, tls, verify=…, limits=…)     the httpx transport that follows them
 
 One decision for every request: the httpx client's transport routes each request (a
 registry's, a token service's, a redirect's to a CDN) by `proxy_for`, and the large-blob
@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+
+from modelfs.sync.pins import PeerTls
 
 
 def _env(env: Mapping[str, str], name: str) -> str:
@@ -102,24 +105,34 @@ def _split_port(entry: str) -> tuple[str, int | None]:
 class ProxyRouter(httpx.AsyncBaseTransport):
     """An httpx transport that sends each request directly or through its proxy, as
     `rules.proxy_for` says (httpx's `AsyncHTTPTransport(proxy=…)` does the proxying itself:
-    absolute-form requests for http, a CONNECT tunnel for https)."""
+    absolute-form requests for http, a CONNECT tunnel for https), with the TLS context
+    `tls` holds for a pinned peer's origin (sync.pins), the `verify` given for the rest."""
 
-    def __init__(self, rules: ProxyRules, **transport: Any) -> None:
+    def __init__(self, rules: ProxyRules, tls: PeerTls | None = None, **transport: Any) -> None:
         self.rules = rules
+        self.tls = tls
         self.transport = transport
         self.direct = httpx.AsyncHTTPTransport(**transport)
-        self.proxied: dict[str, httpx.AsyncHTTPTransport] = {}
+        self.routed: dict[tuple[str | None, ssl.SSLContext | None], httpx.AsyncHTTPTransport] = {}
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        proxy = self.rules.proxy_for(request.url)
-        if proxy is None:
+        url = request.url
+        proxy = self.rules.proxy_for(url)
+        context = None
+        if self.tls is not None:
+            default_port = 443 if url.scheme == "https" else 80
+            context = self.tls.context_for(url.scheme, url.host, url.port or default_port)
+        if proxy is None and context is None:
             return await self.direct.handle_async_request(request)
-        key = str(proxy)
-        if key not in self.proxied:
-            self.proxied[key] = httpx.AsyncHTTPTransport(proxy=proxy, **self.transport)
-        return await self.proxied[key].handle_async_request(request)
+        key = (None if proxy is None else str(proxy), context)
+        if key not in self.routed:
+            settings = dict(self.transport)
+            if context is not None:
+                settings["verify"] = context
+            self.routed[key] = httpx.AsyncHTTPTransport(proxy=proxy, **settings)
+        return await self.routed[key].handle_async_request(request)
 
     async def aclose(self) -> None:
         await self.direct.aclose()
-        for transport in self.proxied.values():
+        for transport in self.routed.values():
             await transport.aclose()

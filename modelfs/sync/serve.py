@@ -40,6 +40,7 @@ from hypercorn.trio import serve as hypercorn_serve
 from modelfs.runtime.groups import unwrapped
 from modelfs.sync.credentials import read_credentials
 from modelfs.sync.errors import SyncError
+from modelfs.sync.pins import pin_of_cert_file
 
 log = logging.getLogger(__name__)
 
@@ -138,16 +139,26 @@ def make_config(
 
 
 def check_tls(tls_cert: str | os.PathLike[str], tls_key: str | os.PathLike[str]) -> None:
-    """Load the certificate and key once, so a bad pair is a clear error before binding."""
+    """Load the certificate and key once, so a bad pair is a clear error before binding:
+    one line naming the file that is missing, unreadable or not what it should be."""
+    for path in (tls_cert, tls_key):
+        try:
+            with open(path, "rb"):
+                pass
+        except FileNotFoundError:
+            raise ServeError(f"{path}: no such file") from None
+        except OSError as exc:
+            raise ServeError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        pin_of_cert_file(tls_cert)
+    except ValueError as exc:
+        raise ServeError(str(exc)) from None
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     try:
         context.load_cert_chain(os.fspath(tls_cert), os.fspath(tls_key))
-    except FileNotFoundError as exc:
-        raise ServeError(f"{exc.filename}: no such file") from None
     except (ssl.SSLError, OSError) as exc:
-        raise ServeError(
-            f"cannot load TLS certificate {tls_cert} and key {tls_key}: {exc}"
-        ) from None
+        reason = getattr(exc, "reason", None) or exc
+        raise ServeError(f"{tls_key}: not a usable key for {tls_cert} ({reason})") from None
 
 
 async def serve(
@@ -208,6 +219,18 @@ def default_listen(*, token: bool) -> str:
     """Loopback unless a token or keys guard the server: without either only loopback
     clients are served anyway, so listening wider would only expose a port that answers 403."""
     return f"0.0.0.0:{DEFAULT_PORT}" if token else f"127.0.0.1:{DEFAULT_PORT}"
+
+
+def print_pin(tls_cert: str | os.PathLike[str]) -> str:
+    """`modelfs serve --print-pin`: the pin of this certificate, for peers' `pin` (sync.pins)."""
+    try:
+        return pin_of_cert_file(tls_cert)
+    except FileNotFoundError:
+        raise ServeError(f"{tls_cert}: no such file") from None
+    except OSError as exc:
+        raise ServeError(f"{tls_cert}: cannot read: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise ServeError(str(exc)) from None
 
 
 def run_server(
