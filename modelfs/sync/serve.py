@@ -35,11 +35,11 @@ from typing import Any
 
 import trio
 from hypercorn.config import Config
-from hypercorn.trio import serve as hypercorn_serve
 
 from modelfs.runtime.groups import unwrapped
 from modelfs.sync.credentials import read_credentials
 from modelfs.sync.errors import SyncError
+from modelfs.sync.zerocopy import serve_hypercorn
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ async def serve(
             task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
         ) -> None:
             with shield:
-                await hypercorn_serve(
+                await serve_hypercorn(
                     app, config, shutdown_trigger=stop.wait, task_status=task_status
                 )
 

@@ -107,6 +107,7 @@ from modelfs.sync.signin import (
     SignInRequest,
     proof_path,
 )
+from modelfs.sync.zerocopy import ZEROCOPY
 
 log = logging.getLogger(__name__)
 
@@ -198,6 +199,7 @@ class Request:
     scheme: str = "http"
     host: str = "localhost"  # the Host header when it is a plain host[:port]; else our address
     raw_query: str = ""
+    zerocopy: bool = False  # the server takes `http.response.zerocopysend` (sync.zerocopy)
 
     @classmethod
     def from_scope(cls, scope: Scope) -> Request:
@@ -235,6 +237,7 @@ class Request:
             scheme=scope.get("scheme", "http"),
             host=host,
             raw_query=qs,
+            zerocopy=ZEROCOPY in (scope.get("extensions") or {}),
         )
 
 
@@ -570,6 +573,9 @@ class RegistryApp:
                 n = len(message.get("body", b""))
                 sent += n
                 self.stats.bytes_served += n
+            elif message["type"] == ZEROCOPY:
+                sent += message["count"]
+                self.stats.bytes_served += message["count"]
             await send(message)
 
         try:
@@ -925,7 +931,12 @@ class RegistryApp:
         async with trio.open_nursery() as nursery:
             # A client that hangs up must not leave us reading the rest of a 40 GB blob.
             nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
-            await _stream(blob.fd, first, length, send)
+            if request.zerocopy:
+                # Kernel to socket: the bytes never pass through Python (sync.zerocopy).
+                message = {"type": ZEROCOPY, "file": blob.fd, "offset": first, "count": length}
+                await send(message)
+            else:
+                await _stream(blob.fd, first, length, send)
             nursery.cancel_scope.cancel()
         self.stats.blobs_served += 1
 
