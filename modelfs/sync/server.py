@@ -1127,7 +1127,8 @@ async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> No
 
 
 async def _stream(fd: int, offset: int, length: int, send: Send) -> None:
-    """Send `length` bytes of `fd` from `offset` as ASGI body messages.
+    """Send `length` bytes of `fd` from `offset` as ASGI body messages, where the server
+    offers no zero-copy send (TLS, h2, another ASGI server).
 
     A reader task preads the next chunk in a worker thread while the current one is being
     sent: the copy out of the page cache (or a disk read) overlaps the socket write, and the
