@@ -49,6 +49,7 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import AppWrapper, ConnectionState
 from hypercorn.utils import ShutdownError, raise_shutdown
 
+from modelfs.runtime.groups import sole
 from modelfs.store.errors import CorruptBlobError
 
 ZEROCOPY = "http.response.zerocopysend"
@@ -205,6 +206,14 @@ class ZeroCopyTCPServer(TCPServer):
                     _send_all, sock.fileno(), fd, at, count, stop_r, limiter=_senders()
                 )
                 nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            # The thread's failure, bare, so that `_sendfile` tells a hang-up from the rest.
+            # A cancellation that came with it (the client's disconnect) is dropped here and
+            # raised again at the next checkpoint: trio's cancellation is level-triggered.
+            failure, _ = group.split(Exception)
+            if failure is None:
+                raise
+            raise sole(failure) from None
         finally:
             os.close(stop_r)
             os.close(stop_w)
