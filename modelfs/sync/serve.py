@@ -11,8 +11,11 @@
 We bind the socket ourselves and hand hypercorn its fd (`fd://N`): a busy port is one clear
 error, and the URL carries the port the kernel chose for `:0`. With TLS only HTTP/1.1 is
 offered: hypercorn's h2 moved a blob at ~150 MB/s where HTTP/1.1 over TLS gave ~780 MB/s.
+On plain HTTP/1.1, blob bodies go out with sendfile(2) (`sync.zerocopy`, which runs hypercorn's
+connections with the ASGI zero-copy send extension).
 
-A client that stops reading pins a send that hypercorn shields from cancellation. The
+A client that stops reading pins a send that hypercorn shields from cancellation (a sendfile
+body is not shielded, but TLS bodies, headers and small answers are). The
 listener's TCP_USER_TIMEOUT (inherited by every connection) drops such a client after
 `STALL_TIMEOUT_MS`; on a signal, `run_server` exits after `HARD_STOP` seconds whatever is left.
 """
@@ -35,12 +38,12 @@ from typing import Any
 
 import trio
 from hypercorn.config import Config
-from hypercorn.trio import serve as hypercorn_serve
 
 from modelfs.runtime.groups import unwrapped
 from modelfs.sync.credentials import read_credentials
 from modelfs.sync.errors import SyncError
 from modelfs.sync.pins import pin_of_cert_file
+from modelfs.sync.zerocopy import serve_hypercorn
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +198,7 @@ async def serve(
             task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
         ) -> None:
             with shield:
-                await hypercorn_serve(
+                await serve_hypercorn(
                     app, config, shutdown_trigger=stop.wait, task_status=task_status
                 )
 

@@ -114,6 +114,7 @@ from modelfs.sync.signin import (
     SignInRequest,
     proof_path,
 )
+from modelfs.sync.zerocopy import ZEROCOPY
 
 log = logging.getLogger(__name__)
 
@@ -205,6 +206,7 @@ class Request:
     scheme: str = "http"
     host: str = "localhost"  # the Host header when it is a plain host[:port]; else our address
     raw_query: str = ""
+    zerocopy: bool = False  # the server takes `http.response.zerocopysend` (sync.zerocopy)
 
     @classmethod
     def from_scope(cls, scope: Scope) -> Request:
@@ -242,6 +244,7 @@ class Request:
             scheme=scope.get("scheme", "http"),
             host=host,
             raw_query=qs,
+            zerocopy=ZEROCOPY in (scope.get("extensions") or {}),
         )
 
 
@@ -581,6 +584,9 @@ class RegistryApp:
                 n = len(message.get("body", b""))
                 sent += n
                 self.stats.bytes_served += n
+            elif message["type"] == ZEROCOPY:
+                sent += message["count"]
+                self.stats.bytes_served += message["count"]
             await send(message)
 
         try:
@@ -937,7 +943,12 @@ class RegistryApp:
         async with trio.open_nursery() as nursery:
             # A client that hangs up must not leave us reading the rest of a 40 GB blob.
             nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
-            await _stream(blob.fd, first, length, send)
+            if request.zerocopy:
+                # Kernel to socket: the bytes never pass through Python (sync.zerocopy).
+                message = {"type": ZEROCOPY, "file": blob.fd, "offset": first, "count": length}
+                await send(message)
+            else:
+                await _stream(blob.fd, first, length, send)
             nursery.cancel_scope.cancel()
         self.stats.blobs_served += 1
 
@@ -1129,7 +1140,8 @@ async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> No
 
 
 async def _stream(fd: int, offset: int, length: int, send: Send) -> None:
-    """Send `length` bytes of `fd` from `offset` as ASGI body messages.
+    """Send `length` bytes of `fd` from `offset` as ASGI body messages, where the server
+    offers no zero-copy send (TLS, h2, another ASGI server).
 
     A reader task preads the next chunk in a worker thread while the current one is being
     sent: the copy out of the page cache (or a disk read) overlaps the socket write, and the
