@@ -197,6 +197,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         prefer=args.prefer,
+        mirror=args.mirror,
+        mirror_ttl=args.mirror_ttl,
         ready=ready,
     )
     return 0
@@ -604,6 +606,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--tls-cert", metavar="F", type=Path, help="serve HTTPS with this certificate")
     p.add_argument("--tls-key", metavar="F", type=Path, help="the certificate's private key")
+    p.add_argument(
+        "--mirror",
+        metavar="URL",
+        help="a pull-through cache of this registry: what the store lacks is fetched from it "
+        "(signing in with docker's credentials), verified, kept, and fetched once",
+    )
+    p.add_argument(
+        "--mirror-ttl",
+        metavar="DURATION",
+        type=_seconds,
+        help="how long a tag's manifest is served before the registry is asked again (default: 5m)",
+    )
     _add_prefer(
         p,
         "child of a manifest list served to clients that do not take lists "
