@@ -336,3 +336,46 @@ def test_a_mirror_without_the_upstream_credentials_says_so(
             message = r.json()["errors"][0]["message"]
             assert "refused repository:private/secret:pull without credentials" in message
             assert PASSWORD not in r.text
+
+
+def test_sync_daemon_mirrors_with_the_docker_config_it_names(
+    source: TinyStore, tmp_path: Path
+) -> None:
+    """`mirror = URL` and `docker_config = PATH` in the daemon's config: the daemon is a
+    pull-through cache that signs in upstream with the credentials of that file (none in its
+    environment), and another host's `modelfs pull` through it gets the private model."""
+    from tests.test_daemon import daemon
+
+    with token_registry(tmp_path) as reg:
+        creds = docker_config(tmp_path / "docker", auths(reg.url))
+        push(source, reg.url, PRIVATE, creds)
+        nobody = docker_config(tmp_path / "empty", {})
+        with daemon(
+            tmp_path,
+            "m",
+            env=nobody,
+            store=str(tmp_path / "m"),
+            mirror=reg.url,
+            mirror_ttl="1m",
+            docker_config=str(tmp_path / "docker" / "config.json"),
+        ) as d:
+            r = pull(tmp_path / "a", d.url, PRIVATE, env=NO_PROXY)
+            assert r.returncode == 0, r.stderr + d.text()
+            same_model(source, tmp_path / "a", PRIVATE)
+            kept(tmp_path / "m", source, PRIVATE)
+            assert PASSWORD not in d.text()
+
+
+def test_mirror_config_keys_are_checked(tmp_path: Path) -> None:
+    from modelfs.sync.config import ConfigError, load_config
+    from tests.test_daemon import write_config
+
+    good = load_config(
+        write_config(tmp_path / "a.toml", mirror="http://up:5000/", mirror_ttl="90s")
+    )
+    assert (good.mirror, good.mirror_ttl, good.docker_config) == ("http://up:5000", 90.0, None)
+    assert load_config(write_config(tmp_path / "b.toml")).mirror is None
+    with pytest.raises(ConfigError, match="mirror"):
+        load_config(write_config(tmp_path / "c.toml", mirror="up:5000"))
+    with pytest.raises(ConfigError, match="mirror_ttl"):
+        load_config(write_config(tmp_path / "d.toml", mirror_ttl="soon"))
