@@ -379,3 +379,25 @@ def test_mirror_config_keys_are_checked(tmp_path: Path) -> None:
         load_config(write_config(tmp_path / "c.toml", mirror="up:5000"))
     with pytest.raises(ConfigError, match="mirror_ttl"):
         load_config(write_config(tmp_path / "d.toml", mirror_ttl="soon"))
+
+
+def test_a_chunked_upstream_goes_through_httpx(tmp_path: Path) -> None:
+    """An upstream whose blob answers the raw receiver does not take (chunked, from a static
+    web server that ignores Range: tests/rangeless_peer.py): the mirror fetches them with httpx
+    instead, streams and keeps them the same way."""
+    import sys
+
+    from tests.rangeless_peer import lay_out
+    from tests.test_pull_hosts import server
+
+    tiny = TinyStore(tmp_path / "src")
+    tiny.gguf_model("big:1", payload=os.urandom(BIG))
+    www = lay_out(tiny.root, tmp_path / "www", "big:1")
+    argv = [sys.executable, "-m", "tests.rangeless_peer", "--directory", str(www), "--chunked"]
+    with server(argv) as up, mirror(tmp_path / "m", up) as (url, _):
+        r = pull(tmp_path / "a", url, "big:1", env=NO_PROXY)
+        assert r.returncode == 0, r.stderr
+        same_model(tiny, tmp_path / "a", "big:1")
+        kept(tmp_path / "m", tiny, "big:1")
+        status = httpx.get(f"{url}/modelfs/v1/status", timeout=10).json()["mirror"]
+        assert status["upstream"] == up and status["pending"] == [] and status["fetching"] == 0

@@ -56,7 +56,14 @@ from modelfs.store.leases import LeaseKeeper
 from modelfs.store.manifest import Manifest, ManifestList, parse_manifest
 from modelfs.store.names import Name
 from modelfs.store.scan import DEFAULT_PREFER, rank_children
-from modelfs.sync.client import PeerClient, PeerSession, peer_session, repositories
+from modelfs.sync.client import (
+    NeedsHttpx,
+    PeerClient,
+    PeerSession,
+    TruncatedBodyError,
+    peer_session,
+    repositories,
+)
 from modelfs.sync.credentials import Logins
 from modelfs.sync.errors import PeerLiedError, PeerNotFoundError, SyncError
 from modelfs.sync.http import mapped_errors, raise_for_status
@@ -140,6 +147,7 @@ class Pending:
     raw: bytes
     manifest: Manifest
     blobs: dict[Digest, int]
+    background: bool = False  # its missing blobs are being fetched
 
 
 # -- the mirror -------------------------------------------------------------------------------
@@ -316,6 +324,9 @@ class Mirror:
     def _start_background(self, pending: Pending) -> None:
         """Fetch the pending model's missing blobs, two at a time, unless a client asks first."""
         assert self._nursery is not None
+        if pending.background:
+            return
+        pending.background = True
         repository = repositories(pending.name)[-1]
         for digest in pending.blobs:
             if digest not in self._fetches:
@@ -393,7 +404,11 @@ class Mirror:
                     fetch.opened.set()
                     stop = threading.Event()
                     self.upstream_requests += 1
-                    got = await in_thread(self._receive, name, fetch, partial, stop, stop=stop)
+                    try:
+                        got = await in_thread(self._receive, name, fetch, partial, stop, stop=stop)
+                    except NeedsHttpx as why:  # before any byte: chunked, compressed, a proxy
+                        log.debug("blob %s through httpx: %s", digest, why)
+                        got = await self._receive_httpx(name, fetch, partial)
                     if got != digest.hex:
                         raise PeerLiedError(f"{self.url}: blob {digest} arrived with sha256 {got}")
                     await trio.to_thread.run_sync(promote, self.layout, partial)
@@ -436,17 +451,54 @@ class Mirror:
                 want = min(len(buf), size - pos)
                 while filled < want:
                     filled += body.readinto(view[filled:want])
-                chunk = view[:filled]
-                done = 0
-                while done < filled:
-                    done += os.pwrite(partial.fd, chunk[done:], pos + done)
-                h.update(chunk)
-                pos += filled
+                pos = _append(partial, h, view[:filled], pos)
                 trio.from_thread.run_sync(fetch.advance, pos)
         finally:
             body.close()
         os.fsync(partial.fd)
         return h.hexdigest()
+
+    async def _receive_httpx(self, name: Name, fetch: BlobFetch, partial: PartialBlob) -> str:
+        """The same through httpx, for an answer the raw receiver does not take."""
+        h = hashlib.sha256()
+        size, what = fetch.size, f"blob {fetch.digest}"
+        url = self.upstream.blob_url(repositories(name)[0], fetch.digest)
+        pos, buf = 0, bytearray()
+        with mapped_errors(self.url, what):
+            async with self.upstream.http.stream("GET", url) as response:
+                raise_for_status(response, what)
+                async for chunk in response.aiter_bytes():
+                    buf += chunk
+                    if pos + len(buf) > size:
+                        raise PeerLiedError(f"{url}: more than {size} bytes for {what}")
+                    if len(buf) >= CHUNK:
+                        pos = await trio.to_thread.run_sync(_append, partial, h, buf, pos)
+                        buf = bytearray()
+                        fetch.advance(pos)
+        pos = await trio.to_thread.run_sync(_append, partial, h, buf, pos)
+        if pos != size:
+            raise TruncatedBodyError(f"{url}: truncated body ({pos} of {size} bytes) for {what}")
+        await trio.to_thread.run_sync(os.fsync, partial.fd)
+        return h.hexdigest()
+
+    def status(self) -> dict[str, object]:
+        """For /modelfs/v1/status."""
+        return {
+            "upstream": self.url,
+            "ttl_seconds": self.ttl,
+            "fetching": len(self._fetches),
+            "pending": sorted(p.name.shortest for p in self._pending.values()),
+            "upstream_requests": self.upstream_requests,
+        }
+
+
+def _append(partial: PartialBlob, h: hashlib._Hash, data: memoryview | bytearray, pos: int) -> int:
+    """Write `data` at `pos` of the temp file and hash it; the position after it."""
+    done = 0
+    while done < len(data):
+        done += os.pwrite(partial.fd, data[done:], pos + done)
+    h.update(data)
+    return pos + len(data)
 
 
 def _parse(raw: bytes, where: str) -> Manifest | ManifestList:

@@ -1014,6 +1014,7 @@ class RegistryApp:
             "blobs_served": s.blobs_served,
             "manifests_served": s.manifests_served,
             "auth": self.access.kind,
+            **({"mirror": self.mirror.status()} if self.mirror is not None else {}),
             **(self.extra_status() if self.extra_status else {}),
         }
 
