@@ -38,7 +38,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import mmap
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -68,7 +70,7 @@ from modelfs.sync.credentials import Logins
 from modelfs.sync.errors import PeerLiedError, PeerNotFoundError, SyncError
 from modelfs.sync.http import mapped_errors, raise_for_status
 from modelfs.sync.manifests import ManifestWriter, existing_name
-from modelfs.sync.partial import PartialBlob
+from modelfs.sync.partial import AlignedPool, PartialBlob
 from modelfs.sync.protocol import name_from_repository
 from modelfs.sync.threads import in_thread
 from modelfs.sync.transfer import blob_ok, open_partial, promote
@@ -77,6 +79,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TTL = 300.0  # seconds a tag's manifest is served before upstream is asked again
 CHUNK = 4 << 20  # one receive, write and hash; what a reader is told about at once
+WRITES_AHEAD = 2  # chunks received and hashed while earlier ones are still being written
+RECENT = 8  # chunks kept in memory for the readers that follow the writer closely
 BACKGROUND = 2  # blobs of a pending model fetched at once when no client asks for them
 
 
@@ -97,14 +101,33 @@ class BlobFetch:
     error: BaseException | None = None
     _changed: trio.Event = field(default_factory=trio.Event)
     opened: trio.Event = field(default_factory=trio.Event)
+    # The last chunks written, by offset: readers right behind the writer copy them from
+    # here, not back from the file (which the writer fills with O_DIRECT, so reading it means
+    # the disk again: on this project's VM ~2 s of CPU a GiB).
+    recent: dict[int, bytes] = field(default_factory=dict)
 
     def _wake(self) -> None:
         self._changed.set()
         self._changed = trio.Event()
 
-    def advance(self, written: int) -> None:
+    def advance(self, written: int, chunk: bytes = b"") -> None:
+        if chunk:
+            self.recent[written - len(chunk)] = chunk
+            while len(self.recent) > RECENT:
+                del self.recent[next(iter(self.recent))]
         self.written = written
         self._wake()
+
+    def cached(self, pos: int, end: int) -> bytes | None:
+        """Bytes [pos, end) as far as one recent chunk holds them, or None."""
+        start = pos - pos % CHUNK
+        data = self.recent.get(start)
+        if data is None:
+            return None
+        stop = min(end, start + len(data))
+        if pos == start and stop == start + len(data):
+            return data
+        return data[pos - start : stop - start]
 
     def land(self, path: Path) -> None:
         self.path, self.written, self.landed = path, self.size, True
@@ -405,7 +428,10 @@ class Mirror:
                     stop = threading.Event()
                     self.upstream_requests += 1
                     try:
-                        got = await in_thread(self._receive, name, fetch, partial, stop, stop=stop)
+                        token = trio.lowlevel.current_trio_token()
+                        got = await in_thread(
+                            self._receive, name, fetch, partial, stop, token, stop=stop
+                        )
                     except NeedsHttpx as why:  # before any byte: chunked, compressed, a proxy
                         log.debug("blob %s through httpx: %s", digest, why)
                         got = await self._receive_httpx(name, fetch, partial)
@@ -433,28 +459,63 @@ class Mirror:
         await self._settle()
 
     def _receive(
-        self, name: Name, fetch: BlobFetch, partial: PartialBlob, stop: threading.Event
+        self,
+        name: Name,
+        fetch: BlobFetch,
+        partial: PartialBlob,
+        stop: threading.Event,
+        token: trio.lowlevel.TrioToken,
     ) -> str:
         """In a worker thread: the blob from one upstream GET into the temp file, front to
-        back, hashed as it arrives; the readers are told after each chunk. The sha256."""
+        back, hashed as it arrives; the sha256. A writer thread of its own writes each chunk
+        (O_DIRECT from page-aligned pool buffers: on this project's VM buffered writes of a
+        fresh GiB cost seconds of CPU, sync.partial `_open_direct`) and then tells the
+        readers, while this one receives and hashes the next."""
         h = hashlib.sha256()
         size = fetch.size
         if size == 0:
             return h.hexdigest()
         body = self.upstream.open_range(name, fetch.digest, 0, size, size, stop=stop)
-        buf = bytearray(min(CHUNK, size))
-        view = memoryview(buf)
+        pool = AlignedPool(WRITES_AHEAD + 1, CHUNK)
+        writes: queue.Queue[tuple[mmap.mmap, int, int, bytes] | None] = queue.Queue()
+        failed: list[BaseException] = []
+
+        def write() -> None:
+            while (item := writes.get()) is not None:
+                buf, n, at, chunk = item
+                try:
+                    if not failed:
+                        with memoryview(buf) as view:
+                            partial.write(view[:n], at)
+                        trio.from_thread.run_sync(fetch.advance, at + n, chunk, trio_token=token)
+                except BaseException as exc:
+                    failed.append(exc)
+                finally:
+                    pool.put(buf)
+
+        writer = threading.Thread(target=write, name=f"mirror write {fetch.digest.short}")
+        writer.start()
         pos = 0
         try:
             while pos < size:
+                if failed:
+                    raise failed[0]
+                buf = pool.get(stop)
                 filled = 0
-                want = min(len(buf), size - pos)
-                while filled < want:
-                    filled += body.readinto(view[filled:want])
-                pos = _append(partial, h, view[:filled], pos)
-                trio.from_thread.run_sync(fetch.advance, pos)
+                want = min(CHUNK, size - pos)
+                with memoryview(buf) as view:
+                    while filled < want:
+                        filled += body.readinto(view[filled:want])
+                chunk = buf[:filled]
+                h.update(chunk)
+                writes.put((buf, filled, pos, chunk))
+                pos += filled
         finally:
             body.close()
+            writes.put(None)
+            writer.join()
+        if failed:
+            raise failed[0]
         os.fsync(partial.fd)
         return h.hexdigest()
 
@@ -471,10 +532,11 @@ class Mirror:
                     buf += chunk
                     if pos + len(buf) > size:
                         raise PeerLiedError(f"{url}: more than {size} bytes for {what}")
-                    if len(buf) >= CHUNK:
-                        pos = await trio.to_thread.run_sync(_append, partial, h, buf, pos)
-                        buf = bytearray()
-                        fetch.advance(pos)
+                    while len(buf) >= CHUNK:
+                        chunk = bytes(buf[:CHUNK])
+                        del buf[:CHUNK]
+                        pos = await trio.to_thread.run_sync(_append, partial, h, chunk, pos)
+                        fetch.advance(pos, chunk)
         pos = await trio.to_thread.run_sync(_append, partial, h, buf, pos)
         if pos != size:
             raise TruncatedBodyError(f"{url}: truncated body ({pos} of {size} bytes) for {what}")
@@ -492,7 +554,7 @@ class Mirror:
         }
 
 
-def _append(partial: PartialBlob, h: hashlib._Hash, data: memoryview | bytearray, pos: int) -> int:
+def _append(partial: PartialBlob, h: hashlib._Hash, data: bytes | bytearray, pos: int) -> int:
     """Write `data` at `pos` of the temp file and hash it; the position after it."""
     done = 0
     while done < len(data):

@@ -1205,8 +1205,15 @@ async def _stream(
         async with chunks_in:
             at = offset
             while at < end:
-                limit = end if growing is None else await growing.ready(at, end)
-                chunk = await trio.to_thread.run_sync(read, at, limit)
+                if growing is None:
+                    chunk = await trio.to_thread.run_sync(read, at, end)
+                else:
+                    limit = await growing.ready(at, end)
+                    recent = growing.cached(at, min(limit, at + CHUNK))
+                    if recent is not None:
+                        chunk = recent
+                    else:
+                        chunk = await trio.to_thread.run_sync(read, at, limit)
                 if not chunk:
                     raise CorruptBlobError(f"blob ended early at byte {at}")
                 at += len(chunk)
