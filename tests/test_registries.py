@@ -357,6 +357,24 @@ def test_challenges_and_scopes() -> None:
     assert c.scopes == ["repository:library/x:pull", "repository:a/b:pull,push"]
     [b] = parse_challenges(['Basic realm="Registry Realm"'])
     assert b.scheme == "basic" and b.params == {"realm": "Registry Realm"}
+    # Several challenges in one header, or headers joined with ", " (the raw receiver).
+    both = 'Bearer realm="https://a.io/token",service="a.io", Basic realm="a, b"'
+    for values in (
+        [both],
+        ['Bearer realm="https://a.io/token",service="a.io"', 'Basic realm="a, b"'],
+    ):
+        got = [(x.scheme, x.params) for x in parse_challenges(values)]
+        assert got == [
+            ("bearer", {"realm": "https://a.io/token", "service": "a.io"}),
+            ("basic", {"realm": "a, b"}),
+        ]
+    [n, b2] = parse_challenges(["Negotiate YIIB, Basic realm=plain"])
+    assert (n.scheme, n.params, b2.scheme, b2.params) == (
+        "negotiate",
+        {},
+        "basic",
+        {"realm": "plain"},
+    )
     u = "https://r.io/v2/hf.co/a/b/blobs/sha256:00"
     assert scope_for(u, "GET", False) == "repository:hf.co/a/b:pull"
     assert scope_for(u, "HEAD", True) == "repository:hf.co/a/b:pull,push"
@@ -365,6 +383,23 @@ def test_challenges_and_scopes() -> None:
     )
     assert scope_for("https://r.io/v2/_catalog?n=10", "GET", False) == "registry:catalog:*"
     assert scope_for("https://r.io/v2/", "GET", False) is None
+
+
+@pytest.mark.parametrize("how", ["combined", "split"])
+def test_several_challenges_on_every_path(source: TinyStore, tmp_path: Path, how: str) -> None:
+    """A registry whose 401 offers Basic first and the token flow after it, in one
+    `WWW-Authenticate` or in two: the manifest (httpx) and the large blob (the raw receiver,
+    sync.client `_open_range`, which joins repeated headers) both find the Bearer challenge
+    and sign in anonymously for the public repository. The first token is refused after one
+    use, so the blob requests meet a 401 of their own."""
+    with token_registry(tmp_path, "--challenges", how, "--token-uses", "1") as reg:
+        creds = docker_config(tmp_path / "docker", auths(reg.url))
+        push(source, reg.url, PUBLIC, creds)
+        r = pull(tmp_path / "anon", reg.url, PUBLIC, env=docker_config(tmp_path / "e", {}))
+        assert r.returncode == 0, r.stderr
+        same_model(source, tmp_path / "anon", PUBLIC)
+        blobs = [q for q in reg.stats()["requests"] if "/blobs/sha256:" in q[1]]
+        assert blobs and all(kind == "Bearer" for _, _, kind in blobs[-3:]), blobs
 
 
 @pytest.mark.skipif(SKOPEO is None, reason="needs skopeo")

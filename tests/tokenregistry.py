@@ -18,6 +18,9 @@ What it does, as Docker Hub, GHCR or Harbor do (the distribution project's token
   refused (401) after N requests, before its expiry, as a revoked one is;
 - `POST /token` with `grant_type=refresh_token` trades an identity token of `--identity` for a
   token (`access_token`);
+- `--challenges combined`: the 401 offers `Basic realm="tokenreg"` first and the Bearer
+  challenge after it, in one `WWW-Authenticate` (RFC 9110 11.6.1 allows a list);
+  `--challenges split`: the same two as two headers;
 - `_catalog` to signed-in users (scope `registry:catalog:*`);
 - pushes: POST/PATCH/PUT uploads and manifest PUTs, kept in memory and in `--dir`.
 
@@ -52,6 +55,7 @@ class State:
         self.throttle = throttle
         self.retry_after = 1
         self.token_uses = 0  # >0: a token is refused after this many requests
+        self.challenges = "one"  # how a 401 offers its challenges (--challenges)
         self.uses: dict[str, int] = {}
         self.revocable: set[str] = set()  # the first token issued to each user (and to nobody)
         self.refresh_tokens: dict[str, str] = {}  # identity token -> user
@@ -95,7 +99,11 @@ class Handler(BaseHTTPRequestHandler):
     def _send(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
         self.send_response(status)
         for k, v in (headers or {}).items():
-            self.send_header(k, v)
+            if k == "WWW-Authenticate" and self.state.challenges == "split":
+                for one in v.split("\n"):
+                    self.send_header(k, one)
+                continue
+            self.send_header(k, v.replace("\n", ", "))
         if "Content-Length" not in (headers or {}):
             self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -219,8 +227,14 @@ class Handler(BaseHTTPRequestHandler):
         self._json(
             401,
             {"errors": [{"code": "UNAUTHORIZED", "message": "authentication required"}]},
-            {"WWW-Authenticate": f"Bearer {params}"},
+            {"WWW-Authenticate": self._offer(f"Bearer {params}")},
         )
+
+    def _offer(self, bearer: str) -> str:
+        """The challenges of a 401, one a line (`_send` puts them in one header or several)."""
+        if self.state.challenges == "one":
+            return bearer
+        return f'Basic realm="{SERVICE}"\n{bearer}'
 
     def _token(self, query: dict[str, list[str]]) -> None:
         s = self.state
@@ -395,11 +409,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--token-uses", type=int, default=0)
     p.add_argument("--identity", action="append", default=[], help="REFRESH_TOKEN:USER")
     p.add_argument("--expires", type=int, default=300)
+    p.add_argument("--challenges", choices=["one", "combined", "split"], default="one")
     args = p.parse_args(argv)
     users = dict(u.split(":", 1) for u in args.user)
     state = State(args.dir, users, args.expires, args.throttle)
     state.retry_after = args.retry_after
     state.token_uses = args.token_uses
+    state.challenges = args.challenges
     for item in args.identity:
         refresh, _, user = item.partition(":")
         state.refresh_tokens[refresh] = user

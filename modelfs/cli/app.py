@@ -203,6 +203,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         prefer=args.prefer,
+        mirror=args.mirror,
+        mirror_ttl=args.mirror_ttl,
         ready=ready,
     )
     return 0
@@ -639,6 +641,18 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print the --tls-cert's pin (sha256:<hex of its public key>) for peers' "
         "`pin`, and exit",
+    )
+    p.add_argument(
+        "--mirror",
+        metavar="URL",
+        help="a pull-through cache of this registry: what the store lacks is fetched from it "
+        "(signing in with docker's credentials), verified, kept, and fetched once",
+    )
+    p.add_argument(
+        "--mirror-ttl",
+        metavar="DURATION",
+        type=_seconds,
+        help="how long a tag's manifest is served before the registry is asked again (default: 5m)",
     )
     _add_prefer(
         p,

@@ -23,6 +23,7 @@ from modelfs.store.leases import DEFAULT_TTL
 from modelfs.store.lockfile import host_id
 from modelfs.store.scan import DEFAULT_PREFER
 from modelfs.sync.errors import SyncError
+from modelfs.sync.mirror import DEFAULT_TTL as MIRROR_TTL
 from modelfs.sync.pins import parse_pin
 from modelfs.sync.serve import DEFAULT_PORT, ServeError, parse_listen
 
@@ -74,6 +75,11 @@ class SyncConfig:
     prefer: tuple[str, ...] = DEFAULT_PREFER
     interval: float = 60.0
     max_transfers: int = MAX_TRANSFERS
+    # `mirror`: the server is a pull-through cache of this registry (sync.mirror);
+    # `docker_config`: the docker config.json whose credentials go to registries.
+    mirror: str | None = None
+    mirror_ttl: float = MIRROR_TTL
+    docker_config: Path | None = None
     gc: GcSettings = field(default_factory=GcSettings)
 
     @property
@@ -214,6 +220,9 @@ def load_config(path: str | os.PathLike[str]) -> SyncConfig:
     max_transfers = r.get("max_transfers", int, MAX_TRANSFERS)
     if not 1 <= max_transfers <= 64:
         raise r.fail("max_transfers", f"expected 1 to 64, got {max_transfers}")
+    mirror = r.convert("mirror", None, _url)
+    mirror_ttl = r.convert("mirror_ttl", MIRROR_TTL, _duration)
+    docker_config = r.convert("docker_config", None, lambda s: Path(s).expanduser())
 
     gc_table = r.get("gc", dict, {})
     g = _Reader(path, gc_table, "gc.")
@@ -247,6 +256,9 @@ def load_config(path: str | os.PathLike[str]) -> SyncConfig:
         prefer=prefer,
         interval=interval,
         max_transfers=max_transfers,
+        mirror=mirror,
+        mirror_ttl=mirror_ttl,
+        docker_config=docker_config,
         gc=gc,
     )
 

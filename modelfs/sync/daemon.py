@@ -51,7 +51,7 @@ from modelfs.store.scan import StoreIndex, child_runner
 from modelfs.store.tagid import tag_id
 from modelfs.sync.client import peer_session
 from modelfs.sync.config import ConfigError, SyncConfig, load_config
-from modelfs.sync.credentials import read_credentials
+from modelfs.sync.credentials import Logins, read_credentials
 from modelfs.sync.errors import (
     LocalWriteError,
     PeerAuthError,
@@ -61,6 +61,7 @@ from modelfs.sync.errors import (
     SyncError,
 )
 from modelfs.sync.gc import GcReport, run_gc
+from modelfs.sync.mirror import Mirror
 from modelfs.sync.pins import UNPINNED, pin_of_cert_file
 from modelfs.sync.progress import TallyProgress
 from modelfs.sync.pull import PullOptions, pull, pull_lease
@@ -237,7 +238,17 @@ class Daemon:
         except ConfigError as exc:
             log.error("reload: %s; keeping the running config", exc)
             return
-        fixed = ("store", "listen", "token_file", "tls_cert", "tls_key", "host_id")
+        fixed = (
+            "store",
+            "listen",
+            "token_file",
+            "tls_cert",
+            "tls_key",
+            "host_id",
+            "mirror",
+            "mirror_ttl",
+            "docker_config",
+        )
         for key in fixed:
             if getattr(new, key) != getattr(self.config, key):
                 log.warning("reload: %s changed; it takes effect at the next restart", key)
@@ -272,11 +283,21 @@ class Daemon:
         self.app = app
         app.extra_status = self.status
         app.extra_metrics = self.metrics
+        if config.mirror is not None:
+            # The upstream gets docker's credentials (`docker_config`), never our token.
+            app.mirror = Mirror(
+                self.layout,
+                config.mirror,
+                Logins(None, docker_config=config.docker_config),
+                ttl=config.mirror_ttl,
+                prefer=config.prefer,
+                changed=app.changed,
+            )
         await app.view()
         heartbeat = min(HEARTBEAT, config.gc.lease_ttl / 4)
         async with (
             peer_session(
-                credentials,
+                Logins(credentials, docker_config=config.docker_config),
                 proof_token=token,
                 unproved=self._registries(),
                 pins=self.config.pins,
@@ -289,6 +310,8 @@ class Daemon:
             except LocalWriteError as exc:
                 log.warning("%s; pulls cannot write here", exc)
             async with trio.open_nursery() as nursery:
+                if app.mirror is not None:
+                    await nursery.start(app.mirror.run)
                 self.url = await nursery.start(
                     lambda task_status: serve(
                         app,

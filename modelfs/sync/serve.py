@@ -245,9 +245,12 @@ def run_server(
     tls_cert: str | os.PathLike[str] | None = None,
     tls_key: str | os.PathLike[str] | None = None,
     prefer: Sequence[str] | None = None,
+    mirror: str | None = None,
+    mirror_ttl: float | None = None,
     ready: Callable[[str], None] | None = None,
 ) -> None:
-    """`modelfs serve`: serve the store at `root` until SIGTERM or SIGINT.
+    """`modelfs serve`: serve the store at `root` until SIGTERM or SIGINT; with `mirror`, a
+    pull-through cache of that registry (sync.mirror), signing in with docker's credentials.
 
     `ready(url)` is called once the socket is bound (the CLI prints `listening on URL`).
     """
@@ -277,12 +280,28 @@ def run_server(
         )
     except AccessConfigError as exc:
         raise ServeError(str(exc)) from None
+    if mirror is not None:
+        from modelfs.sync.credentials import Logins
+        from modelfs.sync.mirror import DEFAULT_TTL, Mirror
+
+        # Docker's credentials for the upstream, never our own --token-file: that one is
+        # what our clients send us.
+        app.mirror = Mirror(
+            app.layout,
+            mirror,
+            Logins(None),
+            ttl=DEFAULT_TTL if mirror_ttl is None else mirror_ttl,
+            prefer=app.prefer,
+            changed=app.changed,
+        )
 
     async def main() -> None:
         # Scan before listening, so the first client does not wait for it and a store
         # problem shows in the log right away.
         await app.view()
         async with trio.open_nursery() as nursery:
+            if app.mirror is not None:
+                await nursery.start(app.mirror.run)
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 url = await nursery.start(
                     partial(serve, app, listen, tls_cert=tls_cert, tls_key=tls_key)

@@ -64,7 +64,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote_to_bytes, urlencode
 
 import trio
@@ -95,6 +95,7 @@ from modelfs.store.manifest import (
 from modelfs.store.names import Name
 from modelfs.store.scan import DEFAULT_PREFER, ScanCache, StoreIndex, scan_store
 from modelfs.store.watch import store_signature
+from modelfs.sync.errors import SyncError
 from modelfs.sync.protocol import (
     API_VERSION_HEADER,
     DIGEST_HEADER,
@@ -115,6 +116,9 @@ from modelfs.sync.signin import (
     proof_path,
 )
 from modelfs.sync.zerocopy import ZEROCOPY
+
+if TYPE_CHECKING:
+    from modelfs.sync.mirror import BlobFetch, Mirror
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +194,9 @@ def error_status(exc: BaseException) -> HTTPError:
         return HTTPError(404, "BLOB_UNKNOWN", str(exc))
     if isinstance(exc, StoreError):
         return HTTPError(500, "UNKNOWN", str(exc))
+    if isinstance(exc, SyncError):
+        # A mirror's upstream failed (sync.mirror) and the store has no copy.
+        return HTTPError(502, "UNKNOWN", str(exc))
     if isinstance(exc, OSError):
         return HTTPError(500, "UNKNOWN", f"cannot read the store: {exc.strerror or exc}")
     return HTTPError(500, "UNKNOWN", "internal error")
@@ -481,6 +488,7 @@ class OpenBlob:
     fd: int
     size: int
     data: bytes | None = None  # the whole blob, when small: read in the same thread hop
+    growing: BlobFetch | None = None  # a mirror's fetch still writing it (sync.mirror)
 
 
 def _is_loopback(host: str | None) -> bool:
@@ -525,6 +533,8 @@ class RegistryApp:
         self._scan_cache = ScanCache()  # a rebuild re-reads only the tag files that changed
         self._zstd_cache: OrderedDict[Digest, bytes | None] = OrderedDict()
         self._zstd_cache_bytes = 0
+        # `--mirror`: what the store lacks is fetched from upstream (sync.mirror).
+        self.mirror: Mirror | None = None
         # The sync daemon adds its own state to /modelfs/v1/status and /metrics.
         self.extra_status: Callable[[], dict[str, Any]] | None = None
         self.extra_metrics: Callable[[], list[MetricFamily]] | None = None
@@ -752,7 +762,7 @@ class RegistryApp:
             if rest[-2] == "manifests":
                 await self._manifest(request, repository, rest[-1], send)
             else:
-                await self._blob(request, Digest.parse(rest[-1]), receive, send)
+                await self._blob(request, repository, Digest.parse(rest[-1]), receive, send)
             return
         raise HTTPError(404, "NOT_FOUND", "no such endpoint")
 
@@ -773,11 +783,36 @@ class RegistryApp:
     ) -> None:
         view = await self.view()
         vary = False
-        if ":" in reference:  # a tag never holds ':'; `sha256-…` is a valid tag name
+        mirrored = None
+        if self.mirror is not None and ":" not in reference:
+            mirrored = await self.mirror.manifest(
+                partial(_stored, view),
+                repository,
+                reference,
+                lists=accepts(request.headers.get("accept"), MEDIA_LIST),
+                get=request.method == "GET",
+            )
+            view = await self.view()  # it may have been written just now
+        if mirrored is not None:
+            manifest = mirrored
+            vary = True
+        elif ":" in reference:  # a tag never holds ':'; `sha256-…` is a valid tag name
             digest = Digest.parse(reference)
-            manifest = view.manifests.get(digest)
-            if manifest is None:
-                manifest = await trio.to_thread.run_sync(self._manifest_blob, view, digest)
+            held = view.manifests.get(digest)
+            if held is not None:
+                manifest = held
+            else:
+                try:
+                    manifest = await trio.to_thread.run_sync(self._manifest_blob, view, digest)
+                except ModelNotFoundError:
+                    if self.mirror is None:
+                        raise
+                    mirrored = await self.mirror.manifest(
+                        partial(_stored, view), repository, reference, lists=True, get=False
+                    )
+                    if mirrored is None:  # written meanwhile
+                        mirrored = await trio.to_thread.run_sync(self._manifest_blob, view, digest)
+                    manifest = mirrored
         else:
             name = name_from_repository(repository, reference)
             if name.is_default_host and request.headers.get("user-agent", "").startswith(
@@ -865,11 +900,18 @@ class RegistryApp:
             raise
         return OpenBlob(fd, st.st_size, data)
 
-    async def _blob(self, request: Request, digest: Digest, receive: Receive, send: Send) -> None:
+    async def _blob(
+        self, request: Request, repository: str, digest: Digest, receive: Receive, send: Send
+    ) -> None:
         view = await self.view()
-        blob = await trio.to_thread.run_sync(
-            partial(self._open_blob, view, digest, read_small=request.method == "GET")
-        )
+        open_it = partial(self._open_blob, view, digest, read_small=request.method == "GET")
+        try:
+            blob = await trio.to_thread.run_sync(open_it)
+        except BlobError:
+            if self.mirror is None:
+                raise
+            fetch = await self.mirror.blob(repository, digest)
+            blob = await trio.to_thread.run_sync(_open_growing, fetch, open_it)
         try:
             await self._send_blob(request, view, digest, blob, receive, send)
         finally:
@@ -886,7 +928,12 @@ class RegistryApp:
     ) -> None:
         size = blob.size
         etag, zstd_etag = _etag(digest), _etag(digest, "+zstd")
-        compressible = self.zstd and digest in view.compressible and ZSTD_MIN <= size <= ZSTD_MAX
+        compressible = (
+            self.zstd
+            and blob.growing is None
+            and digest in view.compressible
+            and ZSTD_MIN <= size <= ZSTD_MAX
+        )
         path = request.raw_path.decode("latin-1")
         headers = [
             ("Content-Type", OCTETS),
@@ -943,12 +990,12 @@ class RegistryApp:
         async with trio.open_nursery() as nursery:
             # A client that hangs up must not leave us reading the rest of a 40 GB blob.
             nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
-            if request.zerocopy:
+            if request.zerocopy and blob.growing is None:
                 # Kernel to socket: the bytes never pass through Python (sync.zerocopy).
                 message = {"type": ZEROCOPY, "file": blob.fd, "offset": first, "count": length}
                 await send(message)
             else:
-                await _stream(blob.fd, first, length, send)
+                await _stream(blob.fd, first, length, send, blob.growing)
             nursery.cancel_scope.cancel()
         self.stats.blobs_served += 1
 
@@ -990,6 +1037,7 @@ class RegistryApp:
             "blobs_served": s.blobs_served,
             "manifests_served": s.manifests_served,
             "auth": self.access.kind,
+            **({"mirror": self.mirror.status()} if self.mirror is not None else {}),
             **(self.extra_status() if self.extra_status else {}),
         }
 
@@ -1104,6 +1152,28 @@ def _resolve_tag(
     return variant.manifest
 
 
+def _stored(view: View, name: Name) -> Digest | None:
+    """The digest of the store's manifest for a tag, or None."""
+    try:
+        return view.index.lookup(name).top.digest
+    except ModelNotFoundError:
+        return None
+
+
+def _open_growing(fetch: BlobFetch | None, open_stored: Callable[[], OpenBlob]) -> OpenBlob:
+    """A blob a mirror fetches: its temp file, read behind the writer; the stored blob once
+    it landed."""
+    if fetch is None or fetch.landed or fetch.path is None:
+        return open_stored()
+    try:
+        fd = open_fd(fetch.path, follow=False)
+    except FileNotFoundError:
+        if fetch.landed:  # renamed into blobs/ between the look and the open
+            return open_stored()
+        raise MissingBlobError(f"blob {fetch.digest} not found") from None
+    return OpenBlob(fd, fetch.size, growing=fetch)
+
+
 def _credential(header: str) -> str | None:
     if not header or len(header) > MAX_TOKEN:
         return None
@@ -1139,9 +1209,12 @@ async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> No
             return
 
 
-async def _stream(fd: int, offset: int, length: int, send: Send) -> None:
+async def _stream(
+    fd: int, offset: int, length: int, send: Send, growing: BlobFetch | None = None
+) -> None:
     """Send `length` bytes of `fd` from `offset` as ASGI body messages, where the server
-    offers no zero-copy send (TLS, h2, another ASGI server).
+    offers no zero-copy send (TLS, h2, another ASGI server) or the blob is one a mirror is
+    still `growing`: then each byte once it is there (and the last once it is verified).
 
     A reader task preads the next chunk in a worker thread while the current one is being
     sent: the copy out of the page cache (or a disk read) overlaps the socket write, and the
@@ -1150,14 +1223,22 @@ async def _stream(fd: int, offset: int, length: int, send: Send) -> None:
     end = offset + length
     chunks_in, chunks_out = trio.open_memory_channel[bytes](1)
 
-    def read(at: int) -> bytes:
-        return os.pread(fd, min(CHUNK, end - at), at)
+    def read(at: int, limit: int) -> bytes:
+        return os.pread(fd, min(CHUNK, limit - at), at)
 
     async def reader() -> None:
         async with chunks_in:
             at = offset
             while at < end:
-                chunk = await trio.to_thread.run_sync(read, at)
+                if growing is None:
+                    chunk = await trio.to_thread.run_sync(read, at, end)
+                else:
+                    limit = await growing.ready(at, end)
+                    recent = growing.cached(at, min(limit, at + CHUNK))
+                    if recent is not None:
+                        chunk = recent
+                    else:
+                        chunk = await trio.to_thread.run_sync(read, at, limit)
                 if not chunk:
                     raise CorruptBlobError(f"blob ended early at byte {at}")
                 at += len(chunk)

@@ -50,6 +50,10 @@ MAX_WAIT = 60.0  # the most one request waits in all for 429/503 `Retry-After`
 MAX_TOKEN = 64 << 10
 
 _PARAM = re.compile(r'\s*([A-Za-z][A-Za-z0-9_-]*)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^\s,]*))\s*,?')
+# An auth-scheme (a token, RFC 9110 5.6.2), and the token68 a scheme may carry instead of params.
+_SCHEME = re.compile(
+    r"[\s,]*([A-Za-z0-9!#$%&'*+.^_`|~-]+)(?:[ \t]+(?![A-Za-z0-9_-]+\s*=)([A-Za-z0-9._~+/-]+=*))?"
+)
 _REPO_PATH = re.compile(
     r"/v2/(?P<repo>.+?)/(?:manifests/[^/]+|blobs/uploads/.*|blobs/[^/]+|tags/list)$"
 )
@@ -66,24 +70,29 @@ class Challenge:
 
 
 def parse_challenges(values: Sequence[str]) -> list[Challenge]:
-    """The challenges of `WWW-Authenticate` headers (RFC 7235 auth-params; one per header,
-    as registries send them)."""
+    """Every challenge of `WWW-Authenticate` headers, in order (RFC 9110 11.6.1): one header
+    may list several (`Bearer realm="…",service="…", Basic realm="…"`), and a client that
+    joins repeated headers with ", " (the raw receiver, sync.client) gives the same list. An
+    auth-param is `name=value` (quoted or not); a word not followed by `=` starts the next
+    challenge. The one parser, for httpx's requests and the raw receiver's."""
     out: list[Challenge] = []
     for value in values:
-        scheme, _, rest = value.strip().partition(" ")
-        if not scheme:
-            continue
-        params: dict[str, str] = {}
-        pos = 0
-        while pos < len(rest):
-            m = _PARAM.match(rest, pos)
-            if m is None or m.end() == pos:
-                break
-            quoted = m.group(2)
-            value_text = re.sub(r"\\(.)", r"\1", quoted) if quoted is not None else m.group(3)
-            params[m.group(1).lower()] = value_text
-            pos = m.end()
-        out.append(Challenge(scheme.lower(), params))
+        pos, end = 0, len(value)
+        params: dict[str, str] | None = None
+        while pos < end:
+            m = _PARAM.match(value, pos) if params is not None else None
+            if params is not None and m is not None and m.end() > pos:
+                quoted = m.group(2)
+                text = re.sub(r"\\(.)", r"\1", quoted) if quoted is not None else m.group(3)
+                params[m.group(1).lower()] = text
+                pos = m.end()
+                continue
+            s = _SCHEME.match(value, pos)
+            if s is None or s.end() == pos:
+                break  # not a challenge: what came before stands
+            params = {}
+            out.append(Challenge(s.group(1).lower(), params))
+            pos = s.end()
     return out
 
 

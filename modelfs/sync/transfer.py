@@ -55,6 +55,50 @@ def blob_ok(layout: Layout, digest: Digest, size: int) -> bool:
     return stat.S_ISREG(st.st_mode) and st.st_size == size
 
 
+async def open_partial(layout: Layout, digest: Digest, size: int) -> PartialBlob | None:
+    """Lock and open the blob's temp file (`.modelfs/tmp/pull-<blob>.partial`); None if
+    another process (a pull, a mirror) finished the blob while we waited for its lock."""
+    said = False
+    while True:
+        try:
+            partial = await trio.to_thread.run_sync(PartialBlob.open, layout, digest, size)
+        except BlobBusyError as exc:
+            if not said:
+                log.info("%s is being fetched by %s; waiting", digest, exc.owner)
+                said = True
+        except OSError as exc:
+            raise local_error(exc, layout, f"blob {digest} ({size} bytes)") from None
+        else:
+            # The lock may have been freed by a holder that just finished the blob: then
+            # the fresh temp file is not needed. A plain call, not a thread hop: a
+            # checkpoint here could be cancelled and leak the lock we just took.
+            if not blob_ok(layout, digest, size):
+                return partial
+            partial.discard()
+            partial.release()
+            return None
+        if await trio.to_thread.run_sync(blob_ok, layout, digest, size):
+            return None
+        await trio.sleep(0.5)
+
+
+def promote(layout: Layout, partial: PartialBlob) -> None:
+    """Rename a temp file whose bytes were hashed to its digest (and fsynced) into `blobs/`."""
+    if not partial.lock.holds():
+        # Another process took the blob over while we fetched: the file at the path may
+        # hold its bytes as well as ours, whatever we hashed. Let the holder finish it.
+        raise LocalWriteError(
+            f"blob {partial.digest}: another process took over its temp file; not installed"
+        )
+    try:
+        partial.close()
+        BlobStore(layout).install(partial.path, partial.digest)
+    except OSError as exc:
+        raise local_error(exc, layout, f"blob {partial.digest}") from None
+    with contextlib.suppress(FileNotFoundError):
+        partial.sidecar.unlink()
+
+
 class BlobFetcher:
     """Fetches single blobs of a store from the peers, verified and renamed into `blobs/`."""
 
@@ -103,32 +147,6 @@ class BlobFetcher:
         except OSError as exc:
             raise local_error(exc, self.layout, f"blob {digest}") from None
 
-    async def _open_partial(self, digest: Digest, size: int) -> PartialBlob | None:
-        """Lock and open the temp file; None if another process finished the blob while we
-        waited for its lock."""
-        said = False
-        while True:
-            try:
-                partial = await trio.to_thread.run_sync(PartialBlob.open, self.layout, digest, size)
-            except BlobBusyError as exc:
-                if not said:
-                    log.info("%s is being fetched by %s; waiting", digest, exc.owner)
-                    said = True
-            except OSError as exc:
-                raise local_error(exc, self.layout, f"blob {digest} ({size} bytes)") from None
-            else:
-                # The lock may have been freed by a holder that just finished the blob: then
-                # the fresh temp file is not needed. A plain call, not a thread hop: a
-                # checkpoint here could be cancelled and leak the lock we just took.
-                if not blob_ok(self.layout, digest, size):
-                    return partial
-                partial.discard()
-                partial.release()
-                return None
-            if await trio.to_thread.run_sync(blob_ok, self.layout, digest, size):
-                return None
-            await trio.sleep(0.5)
-
     async def _fetch_large(
         self,
         name: Name,
@@ -138,7 +156,7 @@ class BlobFetcher:
         result: ModelResult,
         live: dict[Digest, Callable[[], int]],
     ) -> None:
-        partial = await self._open_partial(digest, size)
+        partial = await open_partial(self.layout, digest, size)
         if partial is None:
             return
         opts = self.options
@@ -163,7 +181,7 @@ class BlobFetcher:
                 finally:
                     live.pop(digest, None)
                 if got == digest.hex:
-                    await trio.to_thread.run_sync(self._promote, partial)
+                    await trio.to_thread.run_sync(promote, self.layout, partial)
                     return
                 # Wrong bytes. Delete them all: any byte may be the bad one.
                 await trio.to_thread.run_sync(self._restart, partial)
@@ -191,18 +209,3 @@ class BlobFetcher:
             partial.restart()
         except OSError as exc:
             raise local_error(exc, self.layout, f"blob {partial.digest}") from None
-
-    def _promote(self, partial: PartialBlob) -> None:
-        if not partial.lock.holds():
-            # Another process took the blob over while we fetched: the file at the path may
-            # hold its bytes as well as ours, whatever we hashed. Let the holder finish it.
-            raise LocalWriteError(
-                f"blob {partial.digest}: another process took over its temp file; not installed"
-            )
-        try:
-            partial.close()
-            self.store.install(partial.path, partial.digest)
-        except OSError as exc:
-            raise local_error(exc, self.layout, f"blob {partial.digest}") from None
-        with contextlib.suppress(FileNotFoundError):
-            partial.sidecar.unlink()
