@@ -401,3 +401,33 @@ def test_a_chunked_upstream_goes_through_httpx(tmp_path: Path) -> None:
         kept(tmp_path / "m", tiny, "big:1")
         status = httpx.get(f"{url}/modelfs/v1/status", timeout=10).json()["mirror"]
         assert status["upstream"] == up and status["pending"] == [] and status["fetching"] == 0
+
+
+def test_a_blob_renamed_into_the_store_before_its_fetch_is_marked_landed_is_served(
+    tmp_path: Path,
+) -> None:
+    """The window between the rename of a finished fetch into blobs/ and `BlobFetch.land`:
+    the temp file is gone and the fetch does not say landed yet. A request that opens the blob
+    then gets the stored blob (it was answered 404 there, which failed a pull under load)."""
+    from modelfs.sync.mirror import BlobFetch
+    from modelfs.sync.server import MissingBlobError, OpenBlob, _open_growing
+
+    data = b"weights"
+    digest = Digest.parse("sha256:" + hashlib.sha256(data).hexdigest())
+    fetch = BlobFetch(digest, len(data), path=tmp_path / "renamed-away")
+    stored = tmp_path / "blob"
+
+    def open_stored() -> OpenBlob:
+        try:
+            return OpenBlob(os.open(stored, os.O_RDONLY), len(data))
+        except FileNotFoundError:
+            raise MissingBlobError(f"blob {digest} not found") from None
+
+    with pytest.raises(MissingBlobError):  # a failed fetch discarded its file: missing
+        _open_growing(fetch, open_stored)
+    stored.write_bytes(data)
+    blob = _open_growing(fetch, open_stored)
+    try:
+        assert blob.growing is None and os.pread(blob.fd, 100, 0) == data
+    finally:
+        os.close(blob.fd)

@@ -1168,9 +1168,10 @@ def _open_growing(fetch: BlobFetch | None, open_stored: Callable[[], OpenBlob]) 
     try:
         fd = open_fd(fetch.path, follow=False)
     except FileNotFoundError:
-        if fetch.landed:  # renamed into blobs/ between the look and the open
-            return open_stored()
-        raise MissingBlobError(f"blob {fetch.digest} not found") from None
+        # Renamed into blobs/ between the look and the open: the rename comes before the
+        # fetch is marked landed, so the store is asked whatever `landed` says yet (a fetch
+        # that failed discarded its file, and the store then answers missing).
+        return open_stored()
     return OpenBlob(fd, fetch.size, growing=fetch)
 
 
