@@ -18,7 +18,7 @@ import socket
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -431,3 +431,75 @@ def test_a_blob_renamed_into_the_store_before_its_fetch_is_marked_landed_is_serv
         assert blob.growing is None and os.pread(blob.fd, 100, 0) == data
     finally:
         os.close(blob.fd)
+
+
+# -- manifest lists ---------------------------------------------------------------------------
+def _wait_for(what: str, ok: Callable[[], bool], timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not ok():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def test_a_manifest_list_is_kept_from_the_children_clients_take(tmp_path: Path) -> None:
+    """A list tag (the demo store's gemma4:26b: a llamacpp and an mlx child) through a mirror
+    whose upstream is `modelfs serve`. A pull takes the llamacpp child; the mirror then writes
+    the tag as a pull of that child writes it (the v2 link to the list's exact bytes, the
+    legacy anchor), and a GC of the mirror's store keeps all of it. A pull that prefers mlx
+    adds that child (its variant anchor `26b-mlx`). With upstream gone, both pulls work from
+    the mirror's store alone. (Lists were relayed but never written: their blobs were
+    orphans to GC, and a list tag was lost whenever upstream was down.)"""
+    from modelfs.demo import build_demo_store
+    from modelfs.store.manifest import ManifestList, parse_manifest
+    from modelfs.store.scan import scan_store
+    from tests.test_pull_hosts import modelfs_serve
+
+    build_demo_store(tmp_path / "src")
+    src, kept_at = Layout(tmp_path / "src"), Layout(tmp_path / "m")
+    name = parse_name("gemma4:26b")
+    list_raw = src.v2_manifest(name).read_bytes()
+    lst = parse_manifest(list_raw, "gemma4:26b")
+    assert isinstance(lst, ManifestList)
+    by_runner = {c.runner: c.digest for c in lst.children}
+
+    def child_blobs(runner: str) -> list[Path]:
+        doc = json.loads(src.blob(by_runner[runner]).read_bytes())
+        return [kept_at.blob(Digest.parse(x["digest"])) for x in [doc["config"], *doc["layers"]]]
+
+    def gc() -> None:
+        for _ in range(2):  # a blob goes on the second pass that finds it unneeded
+            done = subprocess.run(
+                [MODELFS, "gc", "--store", str(kept_at.root), "--grace", "0",
+                 "--grace-below-floor", "--trash-retention", "0s"],  # fmt: skip
+                capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+
+    with modelfs_serve(tmp_path / "src") as up, mirror(kept_at.root, up) as (url, _):
+        r = pull(tmp_path / "a", url, "gemma4:26b", env=NO_PROXY)
+        assert r.returncode == 0, r.stderr
+        v2 = kept_at.v2_manifest(name)
+        _wait_for("the list tag is written", lambda: v2.exists())
+        assert v2.read_bytes() == list_raw
+        anchor = json.loads(kept_at.legacy_manifest(name).read_bytes())
+        assert {x["digest"] for x in anchor["layers"]} >= {str(lst.digest)}
+        gc()
+        assert all(p.exists() for p in child_blobs("llamacpp"))
+        entry = scan_store(kept_at.root).lookup(name)
+        assert entry.digest == lst.digest and entry.source == "v2"
+
+        r = pull(tmp_path / "b", url, "gemma4:26b", "--prefer", "mlx", env=NO_PROXY)
+        assert r.returncode == 0, r.stderr
+        mlx_anchor = kept_at.legacy_manifest(name.with_tag("26b-mlx"))
+        _wait_for("the mlx child is written", lambda: mlx_anchor.exists())
+        assert mlx_anchor.read_bytes() == src.blob(by_runner["mlx"]).read_bytes()
+        gc()
+        assert all(p.exists() for p in child_blobs("llamacpp") + child_blobs("mlx"))
+
+    with mirror(kept_at.root, "http://127.0.0.1:9") as (url, _):  # upstream gone
+        for store, prefer in (("c", "llamacpp"), ("d", "mlx")):
+            r = pull(tmp_path / store, url, "gemma4:26b", "--prefer", prefer, env=NO_PROXY)
+            assert r.returncode == 0, r.stderr
+            child = src.blob(by_runner[prefer]).read_bytes()
+            assert Layout(tmp_path / store).legacy_manifest(name).read_bytes() != b""
+            assert Layout(tmp_path / store).blob(by_runner[prefer]).read_bytes() == child

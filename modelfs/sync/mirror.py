@@ -30,8 +30,15 @@ from the store". What comes from upstream goes where a pull puts it, by the pull
   parts) complete as their bytes arrive, and that client's check of the whole blob fails.
   A failed fetch is forgotten: the next request starts a fresh one.
 
-Manifest lists are relayed (and their blobs kept) but not written as tags: a pull writes a
-list's tag from the children it chose, which a mirror does not choose.
+- **Manifest lists.** A pull writes a list's tag from the children it chose; a mirror keeps
+  it from the children its clients chose. The list is stored as a blob and leased as a root
+  at once (so every child manifest and blob fetched meanwhile is reachable through it), and
+  once some child's manifest and all its blobs are in the store, `ManifestWriter.write_list`
+  writes the tag from the children that are: the v2 link, the legacy anchor and a variant
+  anchor for each other child, as a pull with those children writes them. A child completed
+  later (a client that prefers another runner) writes the tag again with it. From the first
+  write on the tag is the store's: served without upstream when upstream is down, and kept
+  by GC as any tag.
 """
 
 from __future__ import annotations
@@ -53,12 +60,20 @@ from modelfs.runtime.leasing import LiveLease, leased
 from modelfs.store.blobs import BlobStore
 from modelfs.store.digest import Digest
 from modelfs.store.errors import MissingBlobError, ModelNotFoundError, StoreError
+from modelfs.store.fileio import read_file
 from modelfs.store.layout import Layout
 from modelfs.store.leases import LeaseKeeper
-from modelfs.store.manifest import Manifest, ManifestList, parse_manifest
+from modelfs.store.manifest import (
+    MAX_MANIFEST_BYTES,
+    MEDIA_MANIFEST,
+    Manifest,
+    ManifestList,
+    parse_manifest,
+)
 from modelfs.store.names import Name
 from modelfs.store.scan import DEFAULT_PREFER, rank_children
 from modelfs.sync.client import (
+    FetchedManifest,
     NeedsHttpx,
     PeerClient,
     PeerSession,
@@ -164,13 +179,16 @@ class BlobFetch:
 
 @dataclass(eq=False)
 class Pending:
-    """A tag's manifest served from upstream, written to the store once its blobs are."""
+    """A tag's manifest served from upstream, written to the store once its blobs are (a
+    list's: once some child's are)."""
 
     name: Name
     raw: bytes
-    manifest: Manifest
-    blobs: dict[Digest, int]
+    manifest: Manifest | ManifestList
+    blobs: dict[Digest, int]  # a list's are its children's, found in `_settle_list`
     background: bool = False  # its missing blobs are being fetched
+    written: frozenset[int] = frozenset()  # the children of a list its tag was written with
+    leased: bool = True  # its digests are in the mirror's lease
 
 
 # -- the mirror -------------------------------------------------------------------------------
@@ -292,10 +310,15 @@ class Mirror:
         if isinstance(parsed, Manifest):
             blobs = _blobs_of(parsed)
             self._sizes.update(blobs)
-            pending = Pending(name, fetched.raw, parsed, blobs)
-            await self.lease.hold(blobs, manifests=[fetched.digest])
-            self._pending[name.key] = pending
-            await self._settle()
+        else:
+            # Stored now, so that the lease's root below names the children (and their
+            # blobs) fetched before the tag is written.
+            await trio.to_thread.run_sync(BlobStore(self.layout).put_bytes, fetched.raw)
+            blobs = {}
+        pending = Pending(name, fetched.raw, parsed, blobs)
+        await self.lease.hold(blobs, manifests=[fetched.digest])
+        self._pending[name.key] = pending
+        await self._settle()
         return parsed
 
     async def _by_digest(self, repository: str, digest: Digest) -> Manifest | ManifestList | None:
@@ -319,11 +342,16 @@ class Mirror:
         return parsed
 
     def _release(self, pending: Pending) -> None:
-        self.lease.drop(pending.blobs, manifests=[Digest.of_bytes(pending.raw)])
+        if pending.leased:
+            pending.leased = False
+            self.lease.drop(pending.blobs, manifests=[Digest.of_bytes(pending.raw)])
 
     async def _settle(self) -> None:
         """Write every pending manifest whose blobs are all here, as a pull's last step."""
         for key, pending in list(self._pending.items()):
+            if isinstance(pending.manifest, ManifestList):
+                await self._settle_list(key, pending, pending.manifest)
+                continue
             present = await trio.to_thread.run_sync(_all_present, self.layout, pending.blobs)
             if not present or self._pending.get(key) is not pending:
                 continue
@@ -340,9 +368,41 @@ class Mirror:
                 self._release(pending)
             self.changed()
 
+    async def _settle_list(
+        self, key: tuple[str, str, str, str], pending: Pending, lst: ManifestList
+    ) -> None:
+        """Write a pending list's tag from its children that are whole here, when they are
+        more than it was last written with; forget it once every child is."""
+        kept = await trio.to_thread.run_sync(_whole_children, self.layout, lst, self.url)
+        done = frozenset(i for i, _, _ in kept)
+        if not kept or done <= pending.written or self._pending.get(key) is not pending:
+            return
+        try:
+            await trio.to_thread.run_sync(self._write_list, pending, kept)
+        except (SyncError, StoreError, OSError) as exc:
+            log.error("%s: cannot write its manifests: %s", pending.name.shortest, exc)
+            return
+        pending.written = done
+        if self._tops.get(key) is pending.manifest:
+            del self._tops[key]  # the store's copy from now on
+        # The tag names the list now, and through it every child here: the lease may go.
+        self._release(pending)
+        runners = ", ".join(lst.children[i].runner or lst.children[i].digest.short for i in done)
+        log.info("%s: kept (%s)", pending.name.shortest, runners)
+        if len(done) == len(lst.children):
+            del self._pending[key]
+        self.changed()
+
     def _write(self, pending: Pending) -> None:
         existing, had_v2 = existing_name(self.layout, pending.name)
         self.writer.write_manifest(existing or pending.name, pending.raw, had_v2)
+
+    def _write_list(
+        self, pending: Pending, kept: list[tuple[int, FetchedManifest | None, Manifest]]
+    ) -> None:
+        assert isinstance(pending.manifest, ManifestList)
+        existing, _ = existing_name(self.layout, pending.name)
+        self.writer.write_list(existing or pending.name, pending.raw, pending.manifest, kept)
 
     def _start_background(self, pending: Pending) -> None:
         """Fetch the pending model's missing blobs, two at a time, unless a client asks first."""
@@ -549,7 +609,7 @@ class Mirror:
             "upstream": self.url,
             "ttl_seconds": self.ttl,
             "fetching": len(self._fetches),
-            "pending": sorted(p.name.shortest for p in self._pending.values()),
+            "pending": sorted(p.name.shortest for p in self._pending.values() if not p.written),
             "upstream_requests": self.upstream_requests,
         }
 
@@ -581,3 +641,28 @@ def _blobs_of(manifest: Manifest) -> dict[Digest, int]:
 
 def _all_present(layout: Layout, blobs: dict[Digest, int]) -> bool:
     return all(blob_ok(layout, d, size) for d, size in blobs.items())
+
+
+def _whole_children(
+    layout: Layout, lst: ManifestList, url: str
+) -> list[tuple[int, FetchedManifest | None, Manifest]]:
+    """The children of a list whose manifest (a blob, unless inline) and every blob it names
+    are in the store, as `ManifestWriter.write_list` takes them."""
+    whole: list[tuple[int, FetchedManifest | None, Manifest]] = []
+    for i, child in enumerate(lst.children):
+        fetched = None
+        if child.inline is not None:
+            manifest = child.inline
+        else:
+            try:
+                raw = read_file(layout.blob(child.digest), MAX_MANIFEST_BYTES)
+                parsed = parse_manifest(raw, f"blobs/{child.digest.blob_name}")
+            except (OSError, StoreError):
+                continue  # not fetched (yet), or not a manifest: not a child to write
+            if Digest.of_bytes(raw) != child.digest or not isinstance(parsed, Manifest):
+                continue
+            manifest = parsed
+            fetched = FetchedManifest(raw, MEDIA_MANIFEST, child.digest, url)
+        if _all_present(layout, _blobs_of(manifest)):
+            whole.append((i, fetched, manifest))
+    return whole
