@@ -468,11 +468,9 @@ def test_a_manifest_list_is_kept_from_the_children_clients_take(tmp_path: Path) 
 
     def gc() -> None:
         for _ in range(2):  # a blob goes on the second pass that finds it unneeded
-            done = subprocess.run(
-                [MODELFS, "gc", "--store", str(kept_at.root), "--grace", "0",
-                 "--grace-below-floor", "--trash-retention", "0s"],  # fmt: skip
-                capture_output=True, text=True, timeout=60,
-            )  # fmt: skip
+            argv = [MODELFS, "gc", "--store", str(kept_at.root), "--grace", "0"]
+            argv += ["--grace-below-floor", "--trash-retention", "0s"]
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
             assert done.returncode == 0, done.stderr
 
     with modelfs_serve(tmp_path / "src") as up, mirror(kept_at.root, up) as (url, _):
