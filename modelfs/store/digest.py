@@ -82,6 +82,13 @@ def _parse_cached(text: str) -> Digest:
     return Digest._parse_new(text)
 
 
+def forget_parsed() -> None:
+    """Empty Digest.parse's memo. A view that lives on through many scans (a mount, a server)
+    calls it after each one: what it keeps holds its own Digests, and the memo would gather
+    every digest the store ever named, ~370 bytes each, up to its 65,536 strings (~25 MB)."""
+    _parse_cached.cache_clear()
+
+
 def is_blob_name(name: str) -> bool:
     """True for canonical blob file names (`sha256-` and 64 lowercase hex digits)."""
     return _BLOB_NAME.fullmatch(name) is not None

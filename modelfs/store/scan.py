@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from modelfs.store.digest import Digest, is_blob_name
+from modelfs.store.digest import Digest, forget_parsed, is_blob_name
 from modelfs.store.errors import (
     InvalidDigestError,
     InvalidNameError,
@@ -418,6 +418,9 @@ class Scanner:
         if self.cache is not None:
             self.cache.manifests = self._met
             self.cache.configs = {d: c for d, c in self.index._configs.items() if c is not None}
+            # Its next scan parses only the tag files that changed; the memo would meanwhile
+            # keep the digests of every manifest replaced since the view began.
+            forget_parsed()
         return self.index
 
     # -- blobs ---------------------------------------------------------------------------
