@@ -47,18 +47,20 @@ class NotRegularFileError(OSError):
         self.kind = kind_of(mode)
 
 
-def open_stat(path: str | os.PathLike[str], *, follow: bool = True) -> tuple[int, os.stat_result]:
+def open_stat(
+    path: str | os.PathLike[str], *, follow: bool = True, dir_fd: int | None = None
+) -> tuple[int, os.stat_result]:
     """A read-only fd of the regular file at `path` (its final symlink followed unless
-    `follow` is False) and the fstat that proved it one; NotRegularFileError for anything
-    else, never a blocking open."""
+    `follow` is False; relative to the directory `dir_fd` when given) and the fstat that
+    proved it one; NotRegularFileError for anything else, never a blocking open."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
     if not follow:
         flags |= os.O_NOFOLLOW
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, flags, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno in (errno.ENXIO, errno.EOPNOTSUPP):  # a socket (or a device that is not)
-            mode = (os.stat if follow else os.lstat)(path).st_mode
+            mode = os.stat(path, dir_fd=dir_fd, follow_symlinks=follow).st_mode
             if not stat.S_ISREG(mode):
                 raise NotRegularFileError(path, mode) from None
         raise
@@ -104,16 +106,22 @@ def read_fd(fd: int, size: int, limit: int) -> bytes:
 
 
 def read_file_stat(
-    path: str | os.PathLike[str], limit: int, *, follow: bool = True
+    path: str | os.PathLike[str], limit: int, *, follow: bool = True, dir_fd: int | None = None
 ) -> tuple[bytes, os.stat_result]:
     """At most `limit` + 1 bytes of the regular file at `path`, and its fstat."""
-    fd, st = open_stat(path, follow=follow)
+    fd, st = open_stat(path, follow=follow, dir_fd=dir_fd)
     try:
         return read_fd(fd, st.st_size, limit), st
     finally:
         os.close(fd)
 
 
-def read_file(path: str | os.PathLike[str] | Path, limit: int, *, follow: bool = True) -> bytes:
+def read_file(
+    path: str | os.PathLike[str] | Path,
+    limit: int,
+    *,
+    follow: bool = True,
+    dir_fd: int | None = None,
+) -> bytes:
     """At most `limit` + 1 bytes of the regular file at `path`."""
-    return read_file_stat(path, limit, follow=follow)[0]
+    return read_file_stat(path, limit, follow=follow, dir_fd=dir_fd)[0]

@@ -6,6 +6,7 @@ exceptions: one bad file must not hide the rest of the store, and must not be de
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -219,6 +220,7 @@ class StoreIndex:
     blob_names: set[str] = field(default_factory=set)
     _configs: dict[Digest, ModelConfig | None] = field(default_factory=dict, repr=False)
     _blob_info: dict[str, BlobInfo | None] = field(default_factory=dict, repr=False)  # by hex
+    _blobs_fd: int | None = field(default=None, repr=False)  # blobs/, open during the scan
     cache: ScanCache | None = field(default=None, repr=False)
 
     # -- lookups -------------------------------------------------------------------------
@@ -245,13 +247,20 @@ class StoreIndex:
         known = self._blob_info
         return known[hex_] if hex_ in known else self._look_at_blob(hex_)
 
+    def _blob(self, name: str) -> tuple[str, int | None]:
+        """A blob as the system calls take it: its name in blobs/ while a scan holds that
+        directory open (a scan looks at thousands, and each full path is a walk of the
+        tree), else its path (a string, not layout.blob(): a Path costs more than the look)."""
+        fd = self._blobs_fd
+        return (name, fd) if fd is not None else (f"{self.layout.blobs}/{name}", None)
+
     def _look_at_blob(self, hex_: str) -> BlobInfo | None:
         info: BlobInfo | None = None
         name = "sha256-" + hex_
         if name in self.blob_names:
             try:
-                # A string, not layout.blob(): this runs for every blob of every model.
-                st = os.stat(f"{self.layout.blobs}/{name}", follow_symlinks=False)
+                path, fd = self._blob(name)
+                st = os.stat(path, dir_fd=fd, follow_symlinks=False)
                 if stat.S_ISREG(st.st_mode):
                     info = BlobInfo(st.st_size, st.st_mtime)
             except OSError:
@@ -276,7 +285,8 @@ class StoreIndex:
         if not self.has_blob(digest):
             return None
         try:
-            raw = read_limited(f"{self.layout.blobs}/{digest.blob_name}", MAX_CONFIG_BYTES)
+            path, fd = self._blob(digest.blob_name)
+            raw = read_file(path, MAX_CONFIG_BYTES, dir_fd=fd)
             return parse_config(raw, f"blobs/{digest.blob_name}")
         except (OSError, StoreError) as exc:
             log.warning("config %s: %s", digest, exc)
@@ -426,11 +436,20 @@ class Scanner:
             if not (cached(tag_paths) and cached(blob_paths)):
                 prefetch(tag_paths)
                 prefetch(blob_paths, HEAD)
-        for root, v2, items in trees:
-            self._scan_tree(root, items, v2=v2)
-        for entry in self.index.entries.values():
-            for variant in entry.variants:
-                self._check_blobs(entry, variant)
+        with contextlib.suppress(OSError):  # without it, blobs go by path (and are missing)
+            self.index._blobs_fd = os.open(
+                self.layout.blobs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+            )
+        try:
+            for root, v2, items in trees:
+                self._scan_tree(root, items, v2=v2)
+            for entry in self.index.entries.values():
+                for variant in entry.variants:
+                    self._check_blobs(entry, variant)
+        finally:
+            if self.index._blobs_fd is not None:
+                os.close(self.index._blobs_fd)
+                self.index._blobs_fd = None
         if self.cache is not None:
             self.cache.manifests = self._met
             self.cache.configs = {d: c for d, c in self.index._configs.items() if c is not None}
@@ -582,8 +601,8 @@ class Scanner:
                 raise ManifestError(f"{rel}: manifest blob {blob_name} is missing")
             # The blob is opened by its own name, not through the link, and must be the
             # file the link reaches (the walk's stat of it, which the DirEntry keeps).
-            blob = os.path.join(self.layout.blobs, blob_name)
-            raw, bst = read_file_stat(blob, MAX_MANIFEST_BYTES, follow=False)
+            blob, fd = self.index._blob(blob_name)
+            raw, bst = read_file_stat(blob, MAX_MANIFEST_BYTES, follow=False, dir_fd=fd)
             st = de.stat()
             if (st.st_dev, st.st_ino) != (bst.st_dev, bst.st_ino):
                 raise outside
@@ -603,7 +622,8 @@ class Scanner:
             result = ManifestError(f"{rel}: missing")
         else:
             try:
-                raw = read_file(f"{self.layout.blobs}/{digest.blob_name}", MAX_MANIFEST_BYTES)
+                path, fd = self.index._blob(digest.blob_name)
+                raw = read_file(path, MAX_MANIFEST_BYTES, dir_fd=fd)
                 if hashlib.sha256(raw).hexdigest() != digest.hex:
                     result = ManifestError(f"{rel}: bytes do not match the name")
                 else:
