@@ -109,14 +109,17 @@ def hash_fd(
     sha = hashlib.sha256() if sha256 else None
     xxh = xxhash.xxh3_128()
     view = memoryview(_buffer(chunk))
+    buffers = [view]
     pos = 0
     try:
-        while n := os.preadv(fd, [view], pos):
-            piece = view[:n]
+        while n := os.preadv(fd, buffers, pos):
+            # A large blob is thousands of chunks: no slice of the buffer for a full one.
+            piece = view if n == chunk else view[:n]
             if sha is not None:
                 sha.update(piece)
             xxh.update(piece)
-            piece.release()
+            if piece is not view:
+                piece.release()
             pos += n
             if stop is not None and stop():
                 raise Interrupted()
