@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import operator
 import os
 import re
 import stat
@@ -346,6 +347,9 @@ def _is_dir(de: os.DirEntry[str]) -> bool:
         return False
 
 
+_NAME = operator.attrgetter("name")
+
+
 def walk_manifest_tree(root: Path) -> Iterator[_TreeItem]:
     """Yield (parts, dir entry, problem) for everything at or above depth 4 that is not a dir
     on the way down. Depth-4 entries that are files or symlinks are candidates; anything else
@@ -360,7 +364,7 @@ def walk_manifest_tree(root: Path) -> Iterator[_TreeItem]:
             yield parts, None, f"cannot list: {exc.strerror}"
             return
         with it:
-            for de in sorted(it, key=lambda d: d.name):
+            for de in sorted(it, key=_NAME):
                 sub = (*parts, de.name)
                 if len(sub) < 4:
                     # Ollama's Glob follows links to directories; the depth bound stops loops.
@@ -503,7 +507,8 @@ class Scanner:
             except InvalidNameError:
                 self._problem("stray", rel, "not a valid model name")
                 continue
-            shown = self.index.entries.get(name.key)
+            key = name.key
+            shown = self.index.entries.get(key)
             if shown is not None and v2:
                 self._problem("stray", rel, f"duplicate of {shown.file}")
                 continue
@@ -523,7 +528,7 @@ class Scanner:
                 self._problem("bad-manifest", rel, f"unreadable ({type(exc).__name__}: {exc})")
                 continue
             if shown is None:
-                self.index.entries[name.key] = entry
+                self.index.entries[key] = entry
                 continue
             # v2 hides legacy for the same name (the legacy file is an anchor); two legacy
             # spellings of one name are one model here, two for Ollama.
