@@ -4,9 +4,10 @@
     run_verify(root, options) -> Report               under trio.run, for the CLI
 
 1. Scan the store (manifests, what they name, strays, misnamed blobs) and load the verify cache.
-2. Check every `blobs/sha256-<hex>`, largest first, one large blob or a batch of small ones
+2. Check every `blobs/sha256-<hex>`, one large blob (largest first) or a batch of small ones
    per worker thread (`trio.to_thread.run_sync` under a CapacityLimiter of `os.cpu_count()`;
-   hashlib and xxhash release the GIL, so a full check runs sha256 on every core). Full:
+   hashlib and xxhash release the GIL, so a full check runs sha256 on every core); the small
+   batches one at a time, beside the large blobs from the start. Full:
    sha256 + xxh3 of every blob. Quick: xxh3 only for blobs whose inode, size and mtime match
    the cache (sha256 to confirm a mismatch), a full check for the others.
 3. Move each corrupt blob to `.modelfs/quarantine/` by rename. Out of `blobs/`, it is no longer
