@@ -130,7 +130,7 @@ def show_record(
     index: StoreIndex, entry: Entry, prefer: tuple[str, ...] = DEFAULT_PREFER
 ) -> dict[str, Any]:
     chosen = entry.preferred(prefer)
-    rel = str(entry.path.relative_to(index.layout.root))
+    rel = entry.rel
     return {
         "name": entry.name.shortest,
         "full_name": entry.name.full,

@@ -15,6 +15,10 @@ from modelfs.store.fileio import open_binary
 # Ollama accepts either separator and either hex case (manifest/paths.go); we compare and
 # name files in lowercase, which is what every Ollama writer produces.
 _DIGEST = re.compile(r"sha256[:-]([0-9a-fA-F]{64})")
+# The spelling every Ollama writer produces: one match, and no group to lowercase; and a
+# manifest's worth of them, one per line, checked by one match.
+_CANONICAL = re.compile(r"sha256:[0-9a-f]{64}")
+_CANONICAL_LINES = re.compile(r"(?:sha256:[0-9a-f]{64}\n)*sha256:[0-9a-f]{64}")
 _BLOB_NAME = re.compile(r"sha256-[0-9a-f]{64}")
 _HEX = re.compile(r"[0-9a-f]{64}")
 
@@ -42,17 +46,20 @@ class Digest:
 
     @classmethod
     def _parse_new(cls, text: str) -> Digest:
-        m = _DIGEST.fullmatch(text)
-        if m is None:
+        hex_ = digest_hex(text)
+        if hex_ is None:
             raise InvalidDigestError(f"invalid digest: {text[:80]!r}")
-        # The regex has proved the hex: skip __post_init__'s second match.
+        # digest_hex has proved the hex: skip __post_init__'s second match.
         digest = object.__new__(cls)
-        object.__setattr__(digest, "hex", m.group(1).lower())
+        object.__setattr__(digest, "hex", hex_)
         return digest
 
     @classmethod
     def of_bytes(cls, data: bytes) -> Digest:
-        return cls(hashlib.sha256(data).hexdigest())
+        # hexdigest() is 64 lowercase hex digits by construction: no match to prove it.
+        digest = object.__new__(cls)
+        object.__setattr__(digest, "hex", hashlib.sha256(data).hexdigest())
+        return digest
 
     @classmethod
     def of_file(cls, path: str | os.PathLike[str]) -> Digest:
@@ -71,6 +78,32 @@ class Digest:
 
     def __str__(self) -> str:
         return f"sha256:{self.hex}"
+
+
+def digest_hex(text: str) -> str | None:
+    """The lowercase hex of a digest string (`Digest.parse`'s rule), None when `text` is not
+    one. For callers that need only the hex of many digests (GC's reach): no object each."""
+    if _CANONICAL.fullmatch(text) is not None:
+        return text[7:]
+    m = _DIGEST.fullmatch(text)
+    return None if m is None else m.group(1).lower()
+
+
+def digest_hexes(texts: list[str]) -> list[str] | None:
+    """`digest_hex` of each string, or None when any is not a digest. Nearly always every
+    one is canonical, and one match over them all (a GC reads 100,000) says so."""
+    joined = "\n".join(texts)
+    # Exactly 71 characters between the separators: so no string held a line break (which
+    # could make two digests of one string, or one of two).
+    if len(joined) == 72 * len(texts) - 1 and _CANONICAL_LINES.fullmatch(joined) is not None:
+        return [text[7:] for text in texts]
+    hexes = []
+    for text in texts:
+        hex_ = digest_hex(text)
+        if hex_ is None:
+            return None
+        hexes.append(hex_)
+    return hexes
 
 
 @lru_cache(maxsize=1 << 16)

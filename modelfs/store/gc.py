@@ -40,6 +40,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from modelfs.store.collector import cycles_uncollected
 from modelfs.store.digest import Digest, is_blob_name
 from modelfs.store.durations import format_duration
 from modelfs.store.errors import StoreError
@@ -135,15 +136,19 @@ class GcPlan:
         return len(self.trash) + len(self.temps) + len(self.purge) + len(self.restore)
 
 
-def _stat(path: Path) -> os.stat_result | None:
+def _stat(path: str | Path) -> os.stat_result | None:
     try:
         return os.lstat(path)
     except OSError:
         return None
 
 
-def _item(path: Path, root: Path, st: os.stat_result, digest: Digest | None) -> FileItem:
-    rel = str(path.relative_to(root))
+def _item(
+    directory: Path, name: str, rel: str, st: os.stat_result, digest: Digest | None
+) -> FileItem:
+    # `directory / name`: a Path from a parsed one costs half a whole path's parsing, and a
+    # plan over a large store makes thousands.
+    path = directory / name
     return FileItem(path, rel, st.st_size, st.st_mtime, digest, st.st_ctime, st.st_ino)
 
 
@@ -187,7 +192,11 @@ def save_first_seen(layout: Layout, first_seen: dict[str, float]) -> None:
 
 # -- the plan ------------------------------------------------------------------------------
 def plan_gc(layout: Layout, policy: GcPolicy, *, now: float | None = None) -> GcPlan:
-    now = now if now is not None else time.time()
+    with cycles_uncollected():
+        return _plan(layout, policy, now if now is not None else time.time())
+
+
+def _plan(layout: Layout, policy: GcPolicy, now: float) -> GcPlan:
     plan = GcPlan(now, policy)
     trashed = trash_index(layout)
     leases = read_leases(layout, now)
@@ -197,17 +206,18 @@ def plan_gc(layout: Layout, policy: GcPolicy, *, now: float | None = None) -> Gc
     history, problem = history_roots(layout, now)
     if problem is not None:
         plan.refused.append(problem)
-    reach.digests |= history
+    reach.keep(history)
     plan.manifests = reach.manifests
     plan.leases_live, plan.leases_expired = len(leases.live), len(leases.expired)
-    keep = reach.digests
-    leased = leases.digests
+    keep = reach.blob_names
+    leased = {d.blob_name for d in leases.digests}
+    wanted = keep | leased
     previous = load_first_seen(layout)
 
-    _plan_blobs(layout, plan, keep, leased, previous)
-    _plan_temps(layout, plan, keep | leased)
-    _plan_compat(layout, plan, keep | leased)
-    _plan_trash(layout, plan, keep | leased)
+    others = _plan_blobs(layout, plan, keep, leased, previous)
+    _plan_temps(layout, plan, wanted, others)
+    _plan_compat(layout, plan, wanted)
+    _plan_trash(layout, plan, wanted)
     if plan.refused:
         # What an unreadable file names is unknown, so no blob may be called unneeded (a dry
         # run would list as going what it may name); only put-backs are still done.
@@ -233,44 +243,49 @@ def history_roots(layout: Layout, now: float) -> tuple[set[Digest], Problem | No
 def _plan_blobs(
     layout: Layout,
     plan: GcPlan,
-    keep: set[Digest],
-    leased: set[Digest],
+    keep: set[str],
+    leased: set[str],
     previous: dict[str, float],
-) -> None:
-    keep_names = {d.blob_name for d in keep}
-    leased_names = {d.blob_name for d in leased}
+) -> list[str]:
+    """Sort every blob into referenced, leased, young, pending and trash (`keep` and `leased`
+    by blob file name); the other names in blobs/ are returned for `_plan_temps`."""
     policy, now = plan.policy, plan.now
     try:
-        it = os.scandir(layout.blobs)
+        names = os.listdir(layout.blobs)
     except FileNotFoundError:
-        return
+        return []
     except OSError as exc:
         plan.refused.append(Problem("bad-blob", "blobs", f"cannot list: {exc.strerror}"))
-        return
-    with it:
-        for de in it:
-            name = de.name
-            if not is_blob_name(name):
-                continue  # temps are planned apart; foreign files are never ours to delete
-            plan.blobs += 1
-            if name in keep_names:
-                plan.referenced += 1
-                continue
-            st = _stat(Path(de.path))
-            if st is None or not stat.S_ISREG(st.st_mode):
-                continue  # a link or a dir under a blob's name: reported by scan, not ours
-            item = _item(Path(de.path), layout.root, st, Digest(name[7:]))
-            if name in leased_names:
-                plan.leased.append(item)
-            elif now - st.st_mtime < policy.grace:
-                plan.young.append(item)
+        return []
+    # A large store holds 100,000 blobs, nearly all referenced: one set difference settles
+    # those (`keep` holds only canonical blob names), and only the rest are looked at.
+    rest = set(names)
+    rest -= keep
+    plan.referenced += len(names) - len(rest)
+    plan.blobs += len(names) - len(rest)
+    others: list[str] = []
+    for name in sorted(rest):
+        if not is_blob_name(name):
+            others.append(name)  # temps are planned apart; foreign files are never ours
+            continue
+        plan.blobs += 1
+        path = os.path.join(layout.blobs, name)
+        st = _stat(path)
+        if st is None or not stat.S_ISREG(st.st_mode):
+            continue  # a link or a dir under a blob's name: reported by scan, not ours
+        item = _item(layout.blobs, name, f"blobs/{name}", st, Digest(name[7:]))
+        if name in leased:
+            plan.leased.append(item)
+        elif now - st.st_mtime < policy.grace:
+            plan.young.append(item)
+        else:
+            first = previous.get(name)
+            plan.first_seen[name] = first if first is not None else now
+            if first is not None and now - first >= policy.grace:
+                plan.trash.append(item)
             else:
-                first = previous.get(name)
-                plan.first_seen[name] = first if first is not None else now
-                if first is not None and now - first >= policy.grace:
-                    plan.trash.append(item)
-                else:
-                    plan.pending.append(item)
+                plan.pending.append(item)
+    return others
 
 
 def _temp_digest(name: str, pattern: re.Pattern[str]) -> Digest | None:
@@ -280,39 +295,45 @@ def _temp_digest(name: str, pattern: re.Pattern[str]) -> Digest | None:
     return Digest(m.group(1)[7:])
 
 
-def _plan_temps(layout: Layout, plan: GcPlan, wanted: set[Digest]) -> None:
-    """Temp and partial files of every writer, ours and Ollama's, past the partial grace."""
+def _plan_temps(layout: Layout, plan: GcPlan, wanted: set[str], in_blobs: list[str]) -> None:
+    """Temp and partial files of every writer, ours and Ollama's, past the partial grace.
+    `in_blobs`: the names `_plan_blobs` found in blobs/ besides blobs (listed once)."""
     places: list[tuple[Path, re.Pattern[str] | None]] = [
         (layout.blobs, _OLLAMA_TEMP),
         (layout.tmp, _OUR_TEMP_DIGEST),
         (layout.leases, None),
     ]
     for directory, pattern in places:
-        try:
-            entries = list(os.scandir(directory))
-        except OSError:
-            continue
-        for de in entries:
+        if directory == layout.blobs:
+            names = in_blobs
+        else:
+            try:
+                names = os.listdir(directory)
+            except OSError:
+                continue
+        rel_dir = directory.relative_to(layout.root).as_posix()
+        for name in names:
             if directory == layout.blobs:
-                if _OLLAMA_TEMP.fullmatch(de.name) is None:
+                if _OLLAMA_TEMP.fullmatch(name) is None:
                     continue
             elif directory == layout.leases and not (
-                de.name.startswith(".") and de.name.endswith(".tmp")
+                name.startswith(".") and name.endswith(".tmp")
             ):
                 continue  # leases themselves expire by their TTL and are rewritten when alive
-            st = _stat(Path(de.path))
+            path = os.path.join(directory, name)
+            st = _stat(path)
             if st is None or not stat.S_ISREG(st.st_mode):
                 continue
-            digest = _temp_digest(de.name, pattern) if pattern is not None else None
-            item = _item(Path(de.path), layout.root, st, digest)
+            digest = _temp_digest(name, pattern) if pattern is not None else None
+            item = _item(directory, name, f"{rel_dir}/{name}", st, digest)
             old = plan.now - st.st_mtime >= plan.policy.partial_grace
-            if old and (digest is None or digest not in wanted):
+            if old and (digest is None or digest.blob_name not in wanted):
                 plan.temps.append(item)
             else:
                 plan.temps_kept.append(item)
 
 
-def _plan_compat(layout: Layout, plan: GcPlan, wanted: set[Digest]) -> None:
+def _plan_compat(layout: Layout, plan: GcPlan, wanted: set[str]) -> None:
     """Computed tensors of llama.cpp views (`.modelfs/compat/<source hex>/`) outlive their
     source blob only by the grace: derived data, rebuilt on the next read if ever needed."""
     try:
@@ -320,11 +341,11 @@ def _plan_compat(layout: Layout, plan: GcPlan, wanted: set[Digest]) -> None:
     except OSError:
         return
     for de in entries:
-        st = _stat(Path(de.path))
+        st = _stat(de.path)
         if st is None or not stat.S_ISDIR(st.st_mode) or not is_blob_name(f"sha256-{de.name}"):
             continue
         source = Digest(de.name)
-        if source in wanted or os.path.lexists(layout.blob(source)):
+        if source.blob_name in wanted or os.path.lexists(layout.blob(source)):
             continue
         if plan.now - st.st_mtime >= plan.policy.grace:
             size = sum(f.stat().st_size for f in Path(de.path).rglob("*") if f.is_file())
@@ -354,7 +375,8 @@ def trash_index(layout: Layout) -> dict[Digest, Path]:
     return index
 
 
-def _plan_trash(layout: Layout, plan: GcPlan, wanted: set[Digest]) -> None:
+def _plan_trash(layout: Layout, plan: GcPlan, wanted: set[str]) -> None:
+    rel_trash = layout.trash.relative_to(layout.root).as_posix()
     for stamp_dir in _trash_dirs(layout):
         when = _stamp_time(stamp_dir.name)
         try:
@@ -362,12 +384,17 @@ def _plan_trash(layout: Layout, plan: GcPlan, wanted: set[Digest]) -> None:
         except OSError:
             continue
         for de in entries:
-            st = _stat(Path(de.path))
+            st = _stat(de.path)
             if st is None or not stat.S_ISREG(st.st_mode):
                 continue
             digest = Digest(de.name[7:]) if is_blob_name(de.name) else None
-            item = _item(Path(de.path), layout.root, st, digest)
-            if digest is not None and digest in wanted and not os.path.lexists(layout.blob(digest)):
+            rel = f"{rel_trash}/{stamp_dir.name}/{de.name}"
+            item = _item(Path(stamp_dir.path), de.name, rel, st, digest)
+            if (
+                digest is not None
+                and de.name in wanted
+                and not os.path.lexists(layout.blob(digest))
+            ):
                 plan.restore.append(item)
             elif when is None or plan.now - when >= plan.policy.trash_retention:
                 plan.purge.append(item)
@@ -460,5 +487,5 @@ def leases_and_reach(layout: Layout) -> tuple[LeaseSet, Reach]:
     history, problem = history_roots(layout, time.time())
     if problem is not None:
         reach.unreadable.append(problem)
-    reach.digests |= history
+    reach.keep(history)
     return leases, reach

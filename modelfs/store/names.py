@@ -27,6 +27,9 @@ _HOST = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,349}")
 _NAMESPACE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,79}")
 _MODEL = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,79}")
 _TAG = _MODEL
+# All four at once, for the check a scan makes of every tag: no part's pattern admits `/`,
+# so the three slashes are the separators and each part meets its own pattern.
+_FULL = re.compile("/".join(p.pattern for p in (_HOST, _NAMESPACE, _MODEL, _TAG)))
 
 _MISSING = ""
 
@@ -47,6 +50,9 @@ class Name:
         return name
 
     def check(self) -> None:
+        parts = (self.host, self.namespace, self.model, self.tag)
+        if all(type(p) is str for p in parts) and _FULL.fullmatch("/".join(parts)) is not None:
+            return
         for part, regex, what in (
             (self.host, _HOST, "host"),
             (self.namespace, _NAMESPACE, "namespace"),

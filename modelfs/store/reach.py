@@ -21,15 +21,20 @@ while there are any, as Ollama's own prune does ("corrupt manifests detected").
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from modelfs.store.collector import cycles_uncollected
 from modelfs.store.digest import Digest, is_blob_name
 from modelfs.store.errors import InvalidNameError, ManifestError, StoreError
 from modelfs.store.layout import Layout
-from modelfs.store.manifest import MAX_MANIFEST_BYTES, Manifest, ManifestList, parse_manifest
+from modelfs.store.manifest import (
+    MAX_MANIFEST_BYTES,
+    ManifestList,
+    ManifestRefs,
+    parse_manifest_refs,
+)
 from modelfs.store.names import name_from_path_parts
 from modelfs.store.scan import (
     STRAY_DIRECTORY,
@@ -44,7 +49,9 @@ from modelfs.store.scan import (
 class Reach:
     """The reachable digests of a store, and what made the answer incomplete."""
 
-    digests: set[Digest] = field(default_factory=set)
+    # By file name under blobs/ (`sha256-<hex>`), what GC compares with that directory's
+    # listing: a large store names 100,000 blobs, and needs no Digest object for each.
+    blob_names: set[str] = field(default_factory=set)
     manifests: int = 0  # manifest files read
     unreadable: list[Problem] = field(default_factory=list)  # GC must not delete while any
     strays: list[Problem] = field(default_factory=list)  # harmless: no manifest can be there
@@ -54,13 +61,21 @@ class Reach:
     def complete(self) -> bool:
         return not self.unreadable
 
+    @property
+    def digests(self) -> set[Digest]:
+        return {Digest(name[7:]) for name in self.blob_names}
+
+    def keep(self, digests: Iterable[Digest]) -> None:
+        """Count `digests` as reachable too (tag history's roots)."""
+        self.blob_names.update(d.blob_name for d in digests)
+
 
 class _Reader:
     def __init__(self, layout: Layout, trash: Mapping[Digest, Path]) -> None:
         self.layout = layout
         self.trash = trash
         self.reach = Reach()
-        self._children: dict[Digest, Manifest | StoreError | None] = {}
+        self._children: dict[Digest, ManifestRefs | StoreError | None] = {}
 
     def tree(self, root: Path, *, v2: bool) -> None:
         top = root.name
@@ -81,7 +96,7 @@ class _Reader:
                 self._invalid_name(Path(de.path), rel)
                 continue
             try:
-                self.manifest_file(Path(de.path), rel)
+                self.manifest_file(de.path, rel, is_link=de.is_symlink())
             except (StoreError, OSError) as exc:
                 removed = removed_tag(self.layout, de.path) if v2 else None
                 if removed is not None:
@@ -105,19 +120,20 @@ class _Reader:
             message = "not a valid model name, but a manifest: its blobs are kept"
         self.reach.strays.append(Problem("stray", rel, message))
 
-    def manifest_file(self, path: Path, rel: str) -> None:
+    def manifest_file(self, path: str, rel: str, *, is_link: bool) -> None:
+        """Read a tag file; `is_link`: the listing found a symlink there."""
         trashed = None
-        try:
-            mode = os.lstat(path).st_mode
-        except FileNotFoundError:
-            return  # removed since it was listed (another host's `ollama rm`): names nothing
-        if stat.S_ISLNK(mode):
+        if is_link:
             # The link's target is kept whatever it holds: it is what the tag names.
-            target = os.path.basename(os.readlink(path))
+            try:
+                target = os.path.basename(os.readlink(path))
+            except FileNotFoundError:
+                return  # removed since it was listed (another host's `ollama rm`): names nothing
+            except OSError:
+                target = ""  # no longer a link: read as whatever it is now
             if is_blob_name(target):
-                digest = Digest(target.removeprefix("sha256-"))
-                self.reach.digests.add(digest)
-                trashed = self.trash.get(digest)
+                self.reach.blob_names.add(target)
+                trashed = self.trash.get(Digest(target.removeprefix("sha256-")))
         try:
             raw = read_limited(path, MAX_MANIFEST_BYTES)
         except FileNotFoundError:
@@ -129,27 +145,31 @@ class _Reader:
         self.manifest_bytes(raw, rel)
 
     def manifest_bytes(self, raw: bytes, rel: str) -> None:
-        parsed = parse_manifest(raw, rel)
+        parsed = parse_manifest_refs(raw, rel)
         self.reach.manifests += 1
-        self.reach.digests.add(parsed.digest)
-        if isinstance(parsed, ManifestList):
-            for child in parsed.children:
-                self.reach.digests.add(child.digest)
-                manifest = child.inline if child.inline is not None else self._child(child.digest)
-                if isinstance(manifest, StoreError):
-                    raise ManifestError(f"{rel}: child {child.digest}: {manifest}")
-                if manifest is not None:
-                    self.reach.digests.update(manifest.blob_digests())
-        else:
-            self.reach.digests.update(parsed.blob_digests())
+        names = self.reach.blob_names
+        names.add(parsed.digest.blob_name)
+        if isinstance(parsed, ManifestRefs):
+            names.update(parsed.blob_names)
+            return
+        for child in parsed.children:
+            names.add(child.digest.blob_name)
+            if child.inline is not None:
+                names.update(d.blob_name for d in child.inline.blob_digests())
+                continue
+            refs = self._child(child.digest)
+            if isinstance(refs, StoreError):
+                raise ManifestError(f"{rel}: child {child.digest}: {refs}")
+            if refs is not None:
+                names.update(refs.blob_names)
 
-    def _child(self, digest: Digest) -> Manifest | StoreError | None:
+    def _child(self, digest: Digest) -> ManifestRefs | StoreError | None:
         """A list child's manifest blob: None when absent (a pull takes only some children)."""
         if digest not in self._children:
             self._children[digest] = self._read_child(digest)
         return self._children[digest]
 
-    def _read_child(self, digest: Digest) -> Manifest | StoreError | None:
+    def _read_child(self, digest: Digest) -> ManifestRefs | StoreError | None:
         rel = f"blobs/{digest.blob_name}"
         try:
             raw = self.manifest_blob(digest)
@@ -158,7 +178,7 @@ class _Reader:
         except OSError as exc:
             return ManifestError(f"{rel}: {exc.strerror}")
         try:
-            parsed = parse_manifest(raw, rel)
+            parsed = parse_manifest_refs(raw, rel)
         except StoreError as exc:
             return exc
         if isinstance(parsed, ManifestList):
@@ -184,11 +204,16 @@ def reachable(
     """Every digest some manifest of the store keeps alive; `manifests` are extra roots (from
     leases and tag history): manifest blobs whose blobs count as reachable while they exist.
     `trash`: the blobs in GC's trash, where a manifest blob missing from `blobs/` is read."""
-    reader = _Reader(layout, trash or {})
+    with cycles_uncollected():
+        return _reach(layout, manifests, trash or {})
+
+
+def _reach(layout: Layout, manifests: Iterable[Digest], trash: Mapping[Digest, Path]) -> Reach:
+    reader = _Reader(layout, trash)
     reader.tree(layout.manifests_v2, v2=True)
     reader.tree(layout.manifests, v2=False)
     for digest in manifests:
-        reader.reach.digests.add(digest)
+        reader.reach.blob_names.add(digest.blob_name)
         rel = f"blobs/{digest.blob_name}"
         try:
             raw = reader.manifest_blob(digest)

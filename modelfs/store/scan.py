@@ -6,7 +6,10 @@ exceptions: one bad file must not hide the rest of the store, and must not be de
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
+import operator
 import os
 import re
 import stat
@@ -14,6 +17,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from modelfs.store.collector import cycles_uncollected
 from modelfs.store.digest import Digest, forget_parsed, is_blob_name
 from modelfs.store.errors import (
     InvalidDigestError,
@@ -22,7 +26,7 @@ from modelfs.store.errors import (
     ModelNotFoundError,
     StoreError,
 )
-from modelfs.store.fileio import open_binary, read_file, read_open
+from modelfs.store.fileio import read_file, read_file_stat
 from modelfs.store.layout import Layout
 from modelfs.store.manifest import (
     MAX_CONFIG_BYTES,
@@ -134,11 +138,17 @@ class Entry:
 
     name: Name
     source: str  # "v2" | "legacy"
-    path: Path
+    file: str  # the tag file's path, as listed
+    rel: str  # the same, relative to the store's root (as problems name it)
     top: Manifest | ManifestList
     mtime_ns: int
     variants: tuple[Variant, ...]
     absent_children: tuple[ListChild, ...] = ()
+
+    @property
+    def path(self) -> Path:
+        # Made when asked: a Path per tag was a tenth of a scan, and few callers want one.
+        return Path(self.file)
 
     @property
     def mtime(self) -> float:
@@ -210,7 +220,8 @@ class StoreIndex:
     problems: list[Problem] = field(default_factory=list)
     blob_names: set[str] = field(default_factory=set)
     _configs: dict[Digest, ModelConfig | None] = field(default_factory=dict, repr=False)
-    _blob_info: dict[Digest, BlobInfo | None] = field(default_factory=dict, repr=False)
+    _blob_info: dict[str, BlobInfo | None] = field(default_factory=dict, repr=False)  # by hex
+    _blobs_fd: int | None = field(default=None, repr=False)  # blobs/, open during the scan
     cache: ScanCache | None = field(default=None, repr=False)
 
     # -- lookups -------------------------------------------------------------------------
@@ -233,19 +244,29 @@ class StoreIndex:
 
     def blob_info(self, digest: Digest) -> BlobInfo | None:
         """Size and mtime of a present blob, or None (absent, or not a regular file)."""
-        if digest in self._blob_info:
-            return self._blob_info[digest]
+        hex_ = digest.hex
+        known = self._blob_info
+        return known[hex_] if hex_ in known else self._look_at_blob(hex_)
+
+    def _blob(self, name: str) -> tuple[str, int | None]:
+        """A blob as the system calls take it: its name in blobs/ while a scan holds that
+        directory open (a scan looks at thousands, and each full path is a walk of the
+        tree), else its path (a string, not layout.blob(): a Path costs more than the look)."""
+        fd = self._blobs_fd
+        return (name, fd) if fd is not None else (f"{self.layout.blobs}/{name}", None)
+
+    def _look_at_blob(self, hex_: str) -> BlobInfo | None:
         info: BlobInfo | None = None
-        name = digest.blob_name
+        name = "sha256-" + hex_
         if name in self.blob_names:
             try:
-                # A string, not layout.blob(): this runs for every blob of every model.
-                st = os.stat(f"{self.layout.blobs}/{name}", follow_symlinks=False)
+                path, fd = self._blob(name)
+                st = os.stat(path, dir_fd=fd, follow_symlinks=False)
                 if stat.S_ISREG(st.st_mode):
                     info = BlobInfo(st.st_size, st.st_mtime)
             except OSError:
                 pass
-        self._blob_info[digest] = info
+        self._blob_info[hex_] = info
         return info
 
     def config(self, manifest: Manifest) -> ModelConfig | None:
@@ -265,7 +286,8 @@ class StoreIndex:
         if not self.has_blob(digest):
             return None
         try:
-            raw = read_limited(f"{self.layout.blobs}/{digest.blob_name}", MAX_CONFIG_BYTES)
+            path, fd = self._blob(digest.blob_name)
+            raw = read_file(path, MAX_CONFIG_BYTES, dir_fd=fd)
             return parse_config(raw, f"blobs/{digest.blob_name}")
         except (OSError, StoreError) as exc:
             log.warning("config %s: %s", digest, exc)
@@ -273,12 +295,17 @@ class StoreIndex:
 
     def missing_blobs(self, manifest: Manifest) -> list[Digest]:
         """Blobs the manifest needs that are absent or shorter/longer than it says."""
-        missing = []
-        sizes = {layer.digest: layer.size for layer in manifest.layers}
+        # By hex, not by Digest: a str keeps its hash, a Digest computes one per lookup, and
+        # a scan asks this of every layer of every model.
+        sizes: dict[str, tuple[Digest, int]] = {}
+        for layer in manifest.layers:
+            sizes[layer.digest.hex] = (layer.digest, layer.size)
         if manifest.config is not None:
-            sizes[manifest.config.digest] = manifest.config.size
-        for digest, size in sizes.items():
-            info = self.blob_info(digest)
+            sizes[manifest.config.digest.hex] = (manifest.config.digest, manifest.config.size)
+        known = self._blob_info
+        missing = []
+        for hex_, (digest, size) in sizes.items():
+            info = known[hex_] if hex_ in known else self._look_at_blob(hex_)
             if info is None or info.size != size:
                 missing.append(digest)
         return missing
@@ -320,6 +347,9 @@ def _is_dir(de: os.DirEntry[str]) -> bool:
         return False
 
 
+_NAME = operator.attrgetter("name")
+
+
 def walk_manifest_tree(root: Path) -> Iterator[_TreeItem]:
     """Yield (parts, dir entry, problem) for everything at or above depth 4 that is not a dir
     on the way down. Depth-4 entries that are files or symlinks are candidates; anything else
@@ -334,7 +364,7 @@ def walk_manifest_tree(root: Path) -> Iterator[_TreeItem]:
             yield parts, None, f"cannot list: {exc.strerror}"
             return
         with it:
-            for de in sorted(it, key=lambda d: d.name):
+            for de in sorted(it, key=_NAME):
                 sub = (*parts, de.name)
                 if len(sub) < 4:
                     # Ollama's Glob follows links to directories; the depth bound stops loops.
@@ -410,11 +440,20 @@ class Scanner:
             if not (cached(tag_paths) and cached(blob_paths)):
                 prefetch(tag_paths)
                 prefetch(blob_paths, HEAD)
-        for root, v2, items in trees:
-            self._scan_tree(root, items, v2=v2)
-        for entry in self.index.entries.values():
-            for variant in entry.variants:
-                self._check_blobs(entry, variant)
+        with contextlib.suppress(OSError):  # without it, blobs go by path (and are missing)
+            self.index._blobs_fd = os.open(
+                self.layout.blobs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+            )
+        try:
+            for root, v2, items in trees:
+                self._scan_tree(root, items, v2=v2)
+            for entry in self.index.entries.values():
+                for variant in entry.variants:
+                    self._check_blobs(entry, variant)
+        finally:
+            if self.index._blobs_fd is not None:
+                os.close(self.index._blobs_fd)
+                self.index._blobs_fd = None
         if self.cache is not None:
             self.cache.manifests = self._met
             self.cache.configs = {d: c for d, c in self.index._configs.items() if c is not None}
@@ -471,12 +510,13 @@ class Scanner:
             except InvalidNameError:
                 self._problem("stray", rel, "not a valid model name")
                 continue
-            shown = self.index.entries.get(name.key)
+            key = name.key
+            shown = self.index.entries.get(key)
             if shown is not None and v2:
-                self._problem("stray", rel, f"duplicate of {shown.path}")
+                self._problem("stray", rel, f"duplicate of {shown.file}")
                 continue
             try:
-                entry = self._read_entry(name, de.path, root, v2=v2)
+                entry = self._read_entry(name, de, v2=v2)
             except StoreError as exc:
                 removed = removed_tag(self.layout, de.path) if v2 else None
                 if removed is not None:
@@ -491,18 +531,19 @@ class Scanner:
                 self._problem("bad-manifest", rel, f"unreadable ({type(exc).__name__}: {exc})")
                 continue
             if shown is None:
-                self.index.entries[name.key] = entry
+                self.index.entries[key] = entry
                 continue
             # v2 hides legacy for the same name (the legacy file is an anchor); two legacy
             # spellings of one name are one model here, two for Ollama.
             self.index.hidden.append(entry)
             if shown.source == "legacy":
-                self._problem("stray", rel, f"duplicate of {shown.path}")
+                self._problem("stray", rel, f"duplicate of {shown.file}")
 
-    def _read_entry(self, name: Name, path: str, root: Path, *, v2: bool) -> Entry:
+    def _read_entry(self, name: Name, de: os.DirEntry[str], *, v2: bool) -> Entry:
         # Strings in this loop: it runs once per tag, and Path arithmetic was a fifth of it.
+        path = de.path
         rel = path[len(self._prefix) :]  # walk_manifest_tree's paths are below the root
-        top, mtime_ns = self._parsed_manifest_file(path, root, rel)
+        top, mtime_ns = self._parsed_manifest_file(de, rel, v2=v2)
         if isinstance(top, ManifestList):
             variants, absent = self._resolve_list(top, rel)
         else:
@@ -513,7 +554,8 @@ class Scanner:
         return Entry(
             name=name,
             source="v2" if v2 else "legacy",
-            path=Path(path),
+            file=path,
+            rel=rel,
             top=top,
             mtime_ns=mtime_ns,
             variants=variants,
@@ -521,9 +563,10 @@ class Scanner:
         )
 
     def _parsed_manifest_file(
-        self, path: str, root: Path, rel: str
+        self, de: os.DirEntry[str], rel: str, *, v2: bool
     ) -> tuple[Manifest | ManifestList, int]:
         """A tag file's manifest and mtime, from the cache when the file is as it was."""
+        path = de.path
         if self.cache is not None:
             try:
                 lst = os.lstat(path)
@@ -534,47 +577,46 @@ class Scanner:
                 if known is not None and known[0] == _stamp(lst):
                     self._met[path] = known
                     return known[1], lst.st_mtime_ns
-        raw, st = self._read_manifest_file(path, root, rel)
+        raw, st = self._read_manifest_file(de, rel, v2=v2)
         top = parse_manifest(raw, rel)
-        if self.cache is not None and stat.S_ISREG(st.st_mode) and not os.path.islink(path):
+        if self.cache is not None and not de.is_symlink():
             self._met[path] = (_stamp(st), top)
         return top, st.st_mtime_ns
 
-    def _read_manifest_file(self, path: str, root: Path, rel: str) -> tuple[bytes, os.stat_result]:
-        """Read a tag file. A `manifests-v2/` link must land on a blob whose bytes hash to its
-        name; a legacy file that is a link is followed, as Ollama's os.Open does
-        (ollama/ollama fb30760 manifest/manifest.go:189,125), to a regular file."""
+    def _read_manifest_file(
+        self, de: os.DirEntry[str], rel: str, *, v2: bool
+    ) -> tuple[bytes, os.stat_result]:
+        """Read a tag file by store.fileio's rule (a regular file, or refused by its kind). A
+        `manifests-v2/` link must land on a blob whose bytes hash to its name; a legacy file
+        that is a link is followed, as Ollama's os.Open does (ollama/ollama fb30760
+        manifest/manifest.go:189,125)."""
+        path = de.path
         try:
-            lst = os.lstat(path)
-            if stat.S_ISLNK(lst.st_mode) and root != self.layout.manifests_v2:
-                lst = os.stat(path)
-            if stat.S_ISLNK(lst.st_mode):
-                # The link must land on blobs/<its own name>: same file as that blob, which
-                # the blob listing already knows to be a regular file inside the store.
-                link = os.readlink(path)
-                blob_name = os.path.basename(link)
-                outside = ManifestError(f"{rel}: link points outside blobs/ ({link})")
-                if not is_blob_name(blob_name):
-                    raise outside
-                if blob_name not in self.index.blob_names:
-                    if os.path.lexists(os.path.join(self.layout.blobs, blob_name)):
-                        raise outside  # present, but not a regular file
-                    raise ManifestError(f"{rel}: manifest blob {blob_name} is missing")
-                blob = os.path.join(self.layout.blobs, blob_name)
-                st = os.stat(path)
-                bst = os.stat(blob, follow_symlinks=False)
-                if (st.st_dev, st.st_ino) != (bst.st_dev, bst.st_ino):
-                    raise outside
-                raw = read_limited(blob, MAX_MANIFEST_BYTES)
-                if Digest.of_bytes(raw).blob_name != blob_name:
-                    raise ManifestError(f"{rel}: linked blob {blob_name} does not match its hash")
-                return raw, bst
-            if not stat.S_ISREG(lst.st_mode):
-                raise ManifestError(f"{rel}: not a regular file")
-            with open_binary(path) as f:
-                st = os.fstat(f.fileno())
-                raw = read_open(f, MAX_MANIFEST_BYTES)
-            return raw, st
+            if not (v2 and de.is_symlink()):
+                # Not followed under manifests-v2/: a link there is judged below, and a
+                # file that became one since the listing is refused (ELOOP).
+                return read_file_stat(path, MAX_MANIFEST_BYTES, follow=not v2)
+            # The link must land on blobs/<its own name>: the same file as that blob, which
+            # the blob listing already knows to be a regular file inside the store.
+            link = os.readlink(path)
+            blob_name = os.path.basename(link)
+            outside = ManifestError(f"{rel}: link points outside blobs/ ({link})")
+            if not is_blob_name(blob_name):
+                raise outside
+            if blob_name not in self.index.blob_names:
+                if os.path.lexists(os.path.join(self.layout.blobs, blob_name)):
+                    raise outside  # present, but not a regular file
+                raise ManifestError(f"{rel}: manifest blob {blob_name} is missing")
+            # The blob is opened by its own name, not through the link, and must be the
+            # file the link reaches (the walk's stat of it, which the DirEntry keeps).
+            blob, fd = self.index._blob(blob_name)
+            raw, bst = read_file_stat(blob, MAX_MANIFEST_BYTES, follow=False, dir_fd=fd)
+            st = de.stat()
+            if (st.st_dev, st.st_ino) != (bst.st_dev, bst.st_ino):
+                raise outside
+            if hashlib.sha256(raw).hexdigest() != blob_name[7:]:
+                raise ManifestError(f"{rel}: linked blob {blob_name} does not match its hash")
+            return raw, bst
         except OSError as exc:
             raise ManifestError(f"{rel}: {exc.strerror or exc}") from None
 
@@ -588,8 +630,9 @@ class Scanner:
             result = ManifestError(f"{rel}: missing")
         else:
             try:
-                raw = read_limited(f"{self.layout.blobs}/{digest.blob_name}", MAX_MANIFEST_BYTES)
-                if Digest.of_bytes(raw) != digest:
+                path, fd = self.index._blob(digest.blob_name)
+                raw = read_file(path, MAX_MANIFEST_BYTES, dir_fd=fd)
+                if hashlib.sha256(raw).hexdigest() != digest.hex:
                     result = ManifestError(f"{rel}: bytes do not match the name")
                 else:
                     result = parse_manifest(raw, rel)
@@ -631,11 +674,7 @@ class Scanner:
         for digest in self.index.missing_blobs(variant.manifest):
             info = self.index.blob_info(digest)
             what = "missing" if info is None else f"wrong size ({info.size} bytes)"
-            self._problem(
-                "missing-blob",
-                str(entry.path.relative_to(self.layout.root)),
-                f"blob {digest} {what}",
-            )
+            self._problem("missing-blob", entry.rel, f"blob {digest} {what}")
 
     def _problem(self, kind: str, path: str, message: str) -> None:
         self.index.problems.append(Problem(kind, path, message))
@@ -655,4 +694,5 @@ def _stamp(st: os.stat_result) -> tuple[int, int, int, int]:
 
 def scan_store(root: str | os.PathLike[str] | Layout, cache: ScanCache | None = None) -> StoreIndex:
     layout = root if isinstance(root, Layout) else Layout(root)
-    return Scanner(layout, cache).scan()
+    with cycles_uncollected():
+        return Scanner(layout, cache).scan()

@@ -134,7 +134,7 @@ def survey(index: StoreIndex, reach: Reach) -> Survey:
 
     seen: set[tuple[Digest, str]] = set()
     for entry in index.sorted_entries():
-        rel = str(entry.path.relative_to(root))
+        rel = entry.rel
         top = Owner(rel, entry.name, entry.name.shortest)
         out.owners.setdefault(entry.top.digest, []).append(top)
         for variant in entry.variants:

@@ -19,7 +19,6 @@ from typing import Any
 import trio
 
 from modelfs.runtime.groups import unwrapped
-from modelfs.store.digest import Digest
 from modelfs.store.gc import (
     FileItem,
     GcPlan,
@@ -53,6 +52,11 @@ def lock_file(layout: Layout, policy: GcPolicy, host: str | None = None) -> Lock
         store=layout.root,
         purpose="gc",
     )
+
+
+def _named(item: FileItem, names: set[str]) -> bool:
+    """Whether `names` (blob file names) holds the blob `item` is."""
+    return item.digest is not None and item.digest.blob_name in names
 
 
 @dataclass
@@ -194,14 +198,15 @@ class _Run:
             except OSError as exc:
                 self.error(f"{layout.state / 'gc'}: {exc.strerror or exc}")
 
-    async def wanted(self) -> set[Digest] | None:
-        """What manifests and live leases name now; None (and the run refused) when one of
-        them cannot be read."""
+    async def wanted(self) -> set[str] | None:
+        """The blob names manifests and live leases name now (a large store's 100,000, so
+        names rather than Digests); None (and the run refused) when one of them cannot be
+        read."""
         leases, reach = await trio.to_thread.run_sync(leases_and_reach, self.layout)
         if reach.unreadable or leases.unreadable:
             self.report.refused = [*reach.unreadable, *leases.unreadable]
             return None
-        return reach.digests | leases.digests
+        return reach.blob_names | {d.blob_name for d in leases.digests}
 
     async def put_back_wanted(self) -> None:
         """A pull or an open that wrote its lease after our look, and found the blob still
@@ -209,7 +214,7 @@ class _Run:
         everything moved, if the look fails)."""
         wanted = await self.wanted()
         moved = self.report.trashed
-        back = [i for i in moved if wanted is None or i.digest in wanted]
+        back = [i for i in moved if wanted is None or _named(i, wanted)]
         if not back:
             return
         in_trash = [replace(i, path=self.trash_dir / i.path.name) for i in back]
@@ -252,7 +257,7 @@ class _Run:
         batch starts with a fresh look at what manifests and leases name (another host may
         have written one since the plan, or since the last batch), and skips what they name;
         a look that cannot read them all ends the steps (the run is refused)."""
-        wanted: set[Digest] | None = None
+        wanted: set[str] | None = None
         looked = 0.0
         for start in range(0, len(items), BATCH):
             batch = items[start : start + BATCH]
@@ -267,8 +272,8 @@ class _Run:
                     looked = time.monotonic()
                     if wanted is None:
                         return
-                self.report.changed += [i for i in batch if i.digest in wanted]
-                batch = [i for i in batch if i.digest not in wanted]
+                self.report.changed += [i for i in batch if _named(i, wanted)]
+                batch = [i for i in batch if not _named(i, wanted)]
             results = await trio.to_thread.run_sync(self.attempt_all, step, batch)
             for item, acted in zip(batch, results, strict=True):
                 if acted:
