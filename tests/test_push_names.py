@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from modelfs.demo import GEMMA, DemoStore, build_demo_store
@@ -179,12 +179,23 @@ def test_every_name_maps_back_to_itself_or_is_refused(n: Name) -> None:
 
 @settings(max_examples=300)
 @given(_names, _names)
+@example(
+    Name.from_parts("0", "0", "00C00000", "0000C000000"),
+    Name.from_parts("0", "0", "00C00000", "0000c000000"),
+)
 def test_different_models_get_different_references(a: Name, b: Name) -> None:
+    """Two models Ollama tells apart never share a reference. One model named in two cases
+    shares its repository (lower case, as OCI requires); its tag keeps the case it was
+    given, since OCI tags are case-sensitive and a registry's tag is what the user typed."""
     try:
-        ra, rb = reference_for(a), reference_for(b)
+        (repo_a, tag_a), (repo_b, tag_b) = reference_for(a), reference_for(b)
     except RegistryNameError:
         return
-    assert (ra == rb) == (a.key == b.key)
+    if a.key != b.key:
+        assert (repo_a, tag_a) != (repo_b, tag_b)
+    else:
+        assert repo_a == repo_b
+        assert tag_a.lower() == tag_b.lower()
 
 
 _component = st.from_regex(r"[a-z0-9]{1,6}(?:(?:\.|_|__|-+)[a-z0-9]{1,6}){0,3}", fullmatch=True)
