@@ -4,6 +4,9 @@
   canonical digests in one match (`digest_hexes`); anything else goes to `_checked_layer`,
   the check that says what is wrong. Both `parse_manifest` and its digests-only mode for GC
   (`parse_manifest_refs`) must agree with `_checked_layer` on every layer, good or bad;
+- GC's reach takes the digests of a manifest Go's encoder wrote straight from its bytes
+  (`_go_manifest_refs`) and must give what decoding and checking it does
+  (`_json_manifest_refs`), taking and refusing alike;
 - `Name.check` matches the four parts of a name in one regex, the per-part ones naming the
   bad part;
 - `store.fileio.read_fd` reads a file fstat sized in one read, and on when it was wrong;
@@ -28,10 +31,13 @@ from modelfs.store.digest import Digest, digest_hex, digest_hexes
 from modelfs.store.errors import InvalidDigestError, InvalidNameError, ManifestError
 from modelfs.store.gc import GcPolicy, plan_gc
 from modelfs.store.manifest import (
+    MEDIA_LIST,
     MEDIA_MANIFEST,
     Manifest,
     ManifestRefs,
     _checked_layer,
+    _go_manifest_refs,
+    _json_manifest_refs,
     parse_manifest,
     parse_manifest_refs,
 )
@@ -165,6 +171,117 @@ def test_both_parsers_take_and_refuse_what_the_full_check_does(obj: dict[str, An
     assert [layer.digest for layer in layers] == want
     assert refs.blob_names == [d.blob_name for d in want]
     assert refs.digest == full.digest == Digest.of_bytes(raw)
+
+
+_GO_LAYER_ORDER = ("mediaType", "digest", "size", "from", "name")
+_GO_TOP_ORDER = ("schemaVersion", "mediaType", "config", "layers", "runner", "format")
+
+
+def _in_order(obj: Any, order: tuple[str, ...]) -> Any:
+    """A dict with `order`'s keys first, in that order, as a Go struct marshals."""
+    if not isinstance(obj, dict):
+        return obj
+    return {k: obj[k] for k in order if k in obj} | {k: v for k, v in obj.items() if k not in order}
+
+
+# Byte edits a copied or hand-edited manifest may carry, each of which must make the bytes
+# either still mean the same thing or be refused, by both paths alike.
+_EDITS: list[tuple[bytes, bytes]] = [
+    *[(b"", b"")] * 8,
+    (b'"schemaVersion":2', b'"schemaVersion":02'),
+    (b'"schemaVersion":2', b'"schemaVersion":2.0'),
+    (b'"size":', b'"size":0'),
+    (b'"size":', b'"size":-'),
+    (b'"size":', b'"size": '),
+    (b'"digest":"sha256:', b'"digest":"sha256:\\u0030'),
+    (b'"digest":"sha256:', b'"digest":"sha256:0'),
+    (b'"mediaType":"', b'"mediaType":"\\u0041'),
+    (b'"mediaType":"', b'"mediaType":"<\\"'),
+    (b"}", b"} "),
+    (b"}", b"},"),
+    (b"]", b",]"),
+    (b'"layers":', b'"layers":null,"layers":'),
+    (b'"config":', b'"config":{},"config":'),
+    (b'"mediaType":"' + MEDIA_MANIFEST.encode(), b'"mediaType":"' + MEDIA_LIST.encode()),
+    (b"{", b"\xef\xbb\xbf{"),
+]
+
+
+_ASCII = st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=12)
+GO_LAYERS = _layer(
+    st.one_of(st.sampled_from([LAYER + "model", LAYER + "template", ""]), _ASCII),
+    HEXES.map(lambda h: f"sha256:{h}"),
+    st.one_of(st.integers(min_value=0, max_value=1 << 40), st.integers(min_value=0)),
+    _value(_ASCII),
+    _value(_ASCII),
+).map(lambda d: {k: v for k, v in d.items() if k != "extra"})
+
+
+@st.composite
+def go_manifests(draw: st.DrawFn) -> dict[str, Any]:
+    """Manifests whose every field Ollama's encoder could have written."""
+    return {
+        "schemaVersion": draw(st.sampled_from([2, 0, 10**9])),
+        "mediaType": draw(st.one_of(st.just(MEDIA_MANIFEST), _ASCII)),
+        "config": draw(GO_LAYERS),
+        "layers": draw(st.lists(GO_LAYERS, max_size=5)),
+    }
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.one_of(manifests(), go_manifests(), go_manifests()),
+    st.sampled_from([None, "ollama", "mlx"]),
+    st.sampled_from(_EDITS),
+    st.integers(min_value=1, max_value=3),
+    st.booleans(),
+)
+def test_a_go_encoded_manifest_read_from_its_bytes_is_what_decoding_it_gives(
+    obj: dict[str, Any],
+    runner: str | None,
+    edit: tuple[bytes, bytes],
+    nth: int,
+    newline: bool,
+) -> None:
+    """Bytes laid out as Ollama's encoder writes them (struct field order, compact, a
+    newline), sometimes edited: the pattern's reading is the JSON path's, or it stands
+    aside. Often enough it is taken (`event` counts), so the comparison is not empty."""
+    if runner is not None:
+        obj["runner"] = runner
+    obj = _in_order(obj, _GO_TOP_ORDER)
+    for key in ("config",):
+        if key in obj:
+            obj[key] = _in_order(obj[key], _GO_LAYER_ORDER)
+    obj["layers"] = [_in_order(layer, _GO_LAYER_ORDER) for layer in obj["layers"]]
+    raw = json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "replace")
+    raw += b"\n" if newline else b""
+    old, new = edit
+    if old:
+        head, *rest = raw.split(old)
+        if rest:  # the nth occurrence, counting round
+            at = (nth - 1) % len(rest) + 1
+            raw = old.join([head, *rest[: at - 1]]) + new + old.join(rest[at - 1 :])
+    fast = _go_manifest_refs(raw)
+    want = _outcome(_json_manifest_refs, raw)
+    event("read from the bytes" if fast is not None else "decoded")
+    if fast is not None:
+        assert fast == want
+    assert _outcome(parse_manifest_refs, raw) == want
+
+
+def test_a_manifest_ollama_writes_is_read_from_its_bytes(tmp_path: Path) -> None:
+    """The pattern is not dead: the bytes of a store's manifests as Ollama writes them (the
+    demo store's writer follows Go's encoder) take it, and give the JSON path's digests."""
+    from modelfs.demo import build_demo_store
+
+    build_demo_store(tmp_path)
+    files = [p for p in (tmp_path / "manifests").rglob("*") if p.is_file()]
+    assert files
+    for path in files:
+        raw = path.read_bytes()
+        fast = _go_manifest_refs(raw)
+        assert fast is not None, path
+        assert fast == _json_manifest_refs(raw, "m")
 
 
 @settings(max_examples=600, deadline=None)

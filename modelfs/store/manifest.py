@@ -342,11 +342,54 @@ def parse_manifest(raw: bytes, source: str) -> Manifest | ManifestList:
     return _manifest(obj, raw, digest, source)
 
 
+# A plain manifest as Go's encoder writes Ollama's Manifest and Layer structs (fields in
+# struct order, compact, empty `from`, `name`, `runner` and `format` left out, one newline
+# after), every string printable ASCII with no escape. JSON read from such bytes holds what
+# this pattern sees and passes every check `_manifest_refs` makes, so GC's reach can take the
+# digests from the bytes: no decoding, no object per layer. Any other spelling (spaces, keys
+# in another order, an escape, a list) misses the pattern and is parsed and checked in full.
+_TEXT = rb'"[ !#-\[\]-~]*"'
+_LAYER = (
+    rb'\{"mediaType":' + _TEXT + rb',"digest":"sha256:[0-9a-f]{64}","size":(?:0|[1-9][0-9]{0,17})'
+    rb'(?:,"from":' + _TEXT + rb')?(?:,"name":' + _TEXT + rb")?\}"
+)
+_GO_MANIFEST = re.compile(
+    rb'\{(?:"schemaVersion":(?:0|[1-9][0-9]{0,8}),)?"mediaType":('
+    + _TEXT
+    + rb'),"config":'
+    + _LAYER
+    + rb',"layers":\[(?:'
+    + _LAYER
+    + rb"(?:,"
+    + _LAYER
+    + rb")*)?\]"
+    rb'(?:,"runner":' + _TEXT + rb')?(?:,"format":' + _TEXT + rb")?\}\n?"
+)
+# A text cannot hold a quote, so only the config's and the layers' digests follow this.
+_DIGEST_KEY = '"digest":"sha256:'
+_QUOTED_LIST = b'"' + MEDIA_LIST.encode() + b'"'
+
+
+def _go_manifest_refs(raw: bytes) -> ManifestRefs | None:
+    if len(raw) > MAX_MANIFEST_BYTES:
+        return None
+    m = _GO_MANIFEST.fullmatch(raw)
+    if m is None or m.group(1) == _QUOTED_LIST:
+        return None
+    # Every `"digest":"sha256:` starts a digest of 64 hex digits (the pattern proved it).
+    names = ["sha256-" + part[:64] for part in raw.decode("ascii").split(_DIGEST_KEY)[1:]]
+    return ManifestRefs(Digest.of_bytes(raw), names)
+
+
 def parse_manifest_refs(raw: bytes, source: str) -> ManifestRefs | ManifestList:
     """What `parse_manifest` gives, checked by the same rules and refused in the same cases,
     but a plain manifest comes back as the digests it names (`ManifestRefs`), with no layer
     objects: for GC's reach, which reads every manifest and needs only that. A list is
     parsed whole (its children are what matters)."""
+    return _go_manifest_refs(raw) or _json_manifest_refs(raw, source)
+
+
+def _json_manifest_refs(raw: bytes, source: str) -> ManifestRefs | ManifestList:
     obj, digest = _top_object(raw, source)
     if obj.get("mediaType") == MEDIA_LIST:
         return _list(obj, raw, digest, source)
