@@ -22,9 +22,10 @@ import pytest
 import trio
 
 import modelfs.fsd.ops as fsd_ops
+from modelfs.fsd.backing import PASSTHROUGH_API
 from modelfs.fsd.builder import TreeBuilder
 from modelfs.fsd.nodes import BlobNode, InodeTable
-from modelfs.fsd.ops import PASSTHROUGH_API, ModelOperations
+from modelfs.fsd.ops import ModelOperations
 from modelfs.store.digest import Digest
 from modelfs.store.scan import scan_store
 from tests.builders import TinyStore
@@ -89,7 +90,7 @@ async def test_opens_of_an_inode_share_one_backing_id(tmp_path: Path, kernel: Fa
     assert a.backing_id in kernel.open_ids  # b still uses it
     await ops.release(b.fh)
     await ops.release(c.fh)
-    assert not kernel.open_ids and not ops._backing
+    assert not kernel.open_ids and not ops.backing.in_use
 
 
 async def test_opens_at_the_same_time_share_one_backing_id(
@@ -117,7 +118,7 @@ async def test_opens_at_the_same_time_share_one_backing_id(
     assert all(h.fd == -1 for h in ops._handles.values())  # no fd left behind
     for info in infos:
         await ops.release(info.fh)
-    assert not kernel.open_ids and not ops._backing
+    assert not kernel.open_ids and not ops.backing.in_use
 
 
 async def test_a_closed_file_leaves_its_backing_id_a_moment(
@@ -134,11 +135,11 @@ async def test_a_closed_file_leaves_its_backing_id_a_moment(
     assert b.backing_id == a.backing_id and kernel.calls == 1
     await ops.release(b.fh)
     await trio.sleep(0.2)
-    ops._close_idle_backing()
+    ops.backing.close_idle()
     assert a.backing_id in kernel.open_ids  # b's release started the moment again
     with trio.move_on_after(1):
         await ops.linger()  # closes it on time without another open or release
-    assert not kernel.open_ids and not ops._backing and not ops._idle_backing
+    assert not kernel.open_ids and not ops.backing.in_use and not ops.backing.idle
 
 
 async def test_a_blob_gone_from_the_store_is_not_opened_anew_through_a_shared_id(
@@ -178,7 +179,7 @@ async def test_eperm_turns_passthrough_off_for_good(tmp_path: Path, kernel: Fake
     assert await ops.read(b.fh, 0, 5) == two.path.read_bytes()[:5]
     await ops.release(a.fh)
     await ops.release(b.fh)
-    assert not ops._served
+    assert not ops.backing.served
 
 
 async def test_an_inode_served_here_gets_no_backing_id_until_closed(

@@ -13,16 +13,16 @@ import logging
 import os
 import platform
 import stat
-import sys
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ParamSpec, Protocol, TypeVar, cast
+from typing import Any, ParamSpec, TypeVar, cast
 
 import pyfuse3
 import trio
 
 from modelfs.fsd import privhelper
+from modelfs.fsd.backing import BUILD_COMMAND, PASSTHROUGH_API, BackingFiles, BackingIds
 from modelfs.fsd.builder import NameTree
 from modelfs.fsd.loop import handing_off
 from modelfs.fsd.nodes import (
@@ -65,22 +65,6 @@ GGUF_XATTRS = (
 )
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
-
-# FUSE passthrough: the kernel reads a blob-backed file (read, splice, mmap) straight from the
-# blob, in the blob's own page cache. It takes a pyfuse3 built by scripts/build-passthrough, a
-# kernel >= 6.9 and CAP_SYS_ADMIN; short of that, reads come through the daemon as before.
-PASSTHROUGH_API = hasattr(pyfuse3, "backing_open")
-# What turns it on for the environment this modelfs runs in (a venv, pipx, a system Python).
-BUILD_COMMAND = f"{sys.executable} -m modelfs build-passthrough"
-
-
-class BackingFiles(Protocol):
-    """Who registers backing files with the kernel: pyfuse3 itself (a mount holding
-    CAP_SYS_ADMIN), or the systemd mount's helper (modelfs/fsd/privhelper.py)."""
-
-    def backing_open(self, fd: int) -> int: ...
-    def backing_close(self, backing_id: int) -> None: ...
-
 
 # The `type: ignore[attr-defined]`/`[call-arg]` below are for a stock pyfuse3, whose stubs lack
 # that build's additions; pyproject.toml lets them go unused where the patched stubs are in.
@@ -223,11 +207,17 @@ class ModelOperations(pyfuse3.Operations):
         self._next_fh = itertools.count(1)
         self._gguf_xattrs: dict[int, dict[str, bytes]] = {}
         self.lease = lease
-        self.passthrough = False  # granted at INIT; off for good once a backing open gets EPERM
-        self._backing: dict[int, list[int]] = {}  # inode -> [backing id, opens using it]
-        self._idle_backing: dict[int, float] = {}  # inode -> when its unused id is closed
-        self._served: dict[int, int] = {}  # blob file inode -> its opens the daemon serves
+        self.backing = BackingIds(lambda: self.backing_files)
         self.helper: BackingFiles | None = None  # set by the mount when its helper is up
+
+    @property
+    def passthrough(self) -> bool:
+        """Granted at INIT; off for good once a backing open gets EPERM."""
+        return self.backing.enabled
+
+    @passthrough.setter
+    def passthrough(self, on: bool) -> None:
+        self.backing.enabled = on
 
     @property
     def backing_files(self) -> BackingFiles:
@@ -281,7 +271,7 @@ class ModelOperations(pyfuse3.Operations):
         tree.retain_inodes(self.nodes)
         # The store changed, a blob may be gone (GC, a quarantine): the next open of an idle
         # inode opens its blob again, with the checks that come with it.
-        self._close_idle_backing(all_of_them=True)
+        self.backing.close_idle(all_of_them=True)
 
     # -- attributes ----------------------------------------------------------------------
     def _node(self, inode: int) -> Node:
@@ -398,8 +388,8 @@ class ModelOperations(pyfuse3.Operations):
             # open has returned sees it.
             await self.lease.hold(digests)
             handle.digests = digests
-        self._close_idle_backing()
-        if inode not in self._backing:
+        self.backing.close_idle()
+        if not self.backing.has(inode):
             try:
                 # In a thread: on a hung NFS store an open blocks, and must not block the mount.
                 await trio.to_thread.run_sync(self._open_files, node, handle)
@@ -410,22 +400,16 @@ class ModelOperations(pyfuse3.Operations):
         # No await from here to the reply: an open of the same inode that ran alongside this
         # one (eight ranks loading one model) has settled its way, and this one follows it.
         if isinstance(node, BlobNode):
-            shared = self._backing.get(inode)
-            if shared is not None and not self.tree.has_blob(node.digest):
+            if self.backing.has(inode) and not self.tree.has_blob(node.digest):
                 # Another open still reads the blob it had open; a new one may not, once the
                 # store no longer has it (a quarantined blob is never served anew).
                 self._close(handle)
                 raise pyfuse3.FUSEError(errno.ENOENT)
-            if shared is not None:
-                # The kernel reads this inode from its backing file; the daemon needs no fd.
-                shared[1] += 1
-                self._idle_backing.pop(inode, None)
-                handle.backing_id = shared[0]
-            else:
-                handle.backing_id = self._backing_for(inode, handle.fd)
-                if not handle.backing_id:
-                    handle.served = True
-                    self._served[inode] = self._served.get(inode, 0) + 1
+            # Shared: the kernel reads this inode from its backing file, the daemon needs no fd.
+            handle.backing_id = self.backing.share(inode)
+            if not handle.backing_id:
+                handle.backing_id = self.backing.open(inode, handle.fd)
+                handle.served = not handle.backing_id
             if handle.backing_id and handle.fd >= 0:
                 os.close(handle.fd)  # the backing id holds the blob open now
                 handle.fd = -1
@@ -439,32 +423,6 @@ class ModelOperations(pyfuse3.Operations):
         # Blob-backed content never changes under an inode, so the page cache may keep it
         # across opens; that is what makes a second read run at memory speed.
         return pyfuse3.FileInfo(fh=fh, keep_cache=True, direct_io=False)
-
-    def _backing_for(self, inode: int, fd: int) -> int:
-        """The backing id for a new open of a blob file, or 0 to serve its reads here.
-
-        The kernel runs an inode either through its own page cache or passthrough to one
-        backing file while any of its files is open (mmaps included): an open that would mix
-        the two, or bring a second backing id, fails with EIO. So opens of an inode share one
-        id while any is open, and an inode with opens served here gets none until they close.
-        """
-        if not self.passthrough or self._served.get(inode):
-            return 0
-        try:
-            backing_id = self.backing_files.backing_open(fd)
-        except OSError as exc:
-            if exc.errno == errno.EPERM:
-                self.passthrough = False
-                log.info(
-                    "FUSE passthrough off (%s; it takes CAP_SYS_ADMIN): "
-                    "the mount serves reads itself",
-                    exc.strerror,
-                )
-            else:  # e.g. ELOOP: a blob on a stacked filesystem deeper than allowed
-                log.debug("no passthrough for inode %d: %s", inode, exc)
-            return 0
-        self._backing[inode] = [backing_id, 1]
-        return backing_id
 
     def _open_files(self, node: Node, handle: _Handle) -> None:
         if isinstance(node, BlobNode):
@@ -519,41 +477,19 @@ class ModelOperations(pyfuse3.Operations):
         if handle.digests and self.lease is not None:
             # Written lazily, and later still: a late drop only keeps more.
             self.lease.drop(handle.digests, linger=LINGER)
-        inode = handle.node.inode
-        if handle.backing_id:
-            shared = self._backing[inode]
-            shared[1] -= 1
-            if not shared[1]:
-                self._idle_backing[inode] = trio.current_time() + LINGER
-        elif handle.served:
-            left = self._served.pop(inode) - 1
-            if left:
-                self._served[inode] = left
+        if handle.backing_id or handle.served:
+            self.backing.closed(handle.node.inode, backing_id=handle.backing_id, linger=LINGER)
         if handle.fd >= 0:
             os.close(handle.fd)
         for fd in handle.fds.values():
             os.close(fd)
-        self._close_idle_backing()
-
-    def _close_idle_backing(self, *, all_of_them: bool = False) -> None:
-        """Let go of backing files no open has used for LINGER seconds."""
-        if not self._idle_backing:
-            return
-        now = trio.current_time()
-        for inode, due in list(self._idle_backing.items()):
-            if due <= now or all_of_them:
-                del self._idle_backing[inode]
-                backing_id = self._backing.pop(inode)[0]
-                try:
-                    self.backing_files.backing_close(backing_id)
-                except OSError as exc:
-                    log.warning("closing backing id %d: %s", backing_id, exc.strerror)
+        self.backing.close_idle()
 
     async def linger(self) -> None:
         """Close idle backing files on time, also when no open or release comes by."""
         while True:
             await trio.sleep(LINGER)
-            self._close_idle_backing()
+            self.backing.close_idle()
 
     @_guarded
     async def readlink(self, inode: int, ctx: pyfuse3.RequestContext) -> bytes:
