@@ -348,13 +348,13 @@ def parse_manifest(raw: bytes, source: str) -> Manifest | ManifestList:
 # this pattern sees and passes every check `_manifest_refs` makes, so GC's reach can take the
 # digests from the bytes: no decoding, no object per layer. Any other spelling (spaces, keys
 # in another order, an escape, a list) misses the pattern and is parsed and checked in full.
-_TEXT = rb'"[ !#-\[\]-~]*"'
+_TEXT = rb'"[ !#-\[\]-~]*+"'
 _LAYER = (
-    rb'\{"mediaType":' + _TEXT + rb',"digest":"sha256:[0-9a-f]{64}","size":(?:0|[1-9][0-9]{0,17})'
-    rb'(?:,"from":' + _TEXT + rb')?(?:,"name":' + _TEXT + rb")?\}"
+    rb'\{"mediaType":' + _TEXT + rb',"digest":"sha256:[0-9a-f]{64}","size":(?:0|[1-9][0-9]{0,17}+)'
+    rb'(?:,"from":' + _TEXT + rb')?+(?:,"name":' + _TEXT + rb")?+\}"
 )
 _GO_MANIFEST = re.compile(
-    rb'\{(?:"schemaVersion":(?:0|[1-9][0-9]{0,8}),)?"mediaType":('
+    rb'\{(?:"schemaVersion":(?:0|[1-9][0-9]{0,8}+),)?+"mediaType":('
     + _TEXT
     + rb'),"config":'
     + _LAYER
@@ -362,8 +362,8 @@ _GO_MANIFEST = re.compile(
     + _LAYER
     + rb"(?:,"
     + _LAYER
-    + rb")*)?\]"
-    rb'(?:,"runner":' + _TEXT + rb')?(?:,"format":' + _TEXT + rb")?\}\n?"
+    + rb")*+)?+\]"
+    rb'(?:,"runner":' + _TEXT + rb')?+(?:,"format":' + _TEXT + rb")?+\}\n?"
 )
 # A text cannot hold a quote, so only the config's and the layers' digests follow this.
 _DIGEST_KEY = '"digest":"sha256:'
