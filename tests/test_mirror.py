@@ -501,3 +501,23 @@ def test_a_manifest_list_is_kept_from_the_children_clients_take(tmp_path: Path) 
             child = src.blob(by_runner[prefer]).read_bytes()
             assert Layout(tmp_path / store).legacy_manifest(name).read_bytes() != b""
             assert Layout(tmp_path / store).blob(by_runner[prefer]).read_bytes() == child
+
+
+def test_tags_that_do_not_exist_upstream_leave_nothing_behind(
+    upstream: Registry, tmp_path: Path
+) -> None:
+    """A mirror locks each tag while it looks it up upstream. Clients choose the names, so a
+    lock kept per name asked would let anyone grow the server by asking for tags that do not
+    exist; each is answered 404, and once answered no lock is kept for it."""
+    with mirror(tmp_path / "m", upstream.url) as (url, _):
+        paths = [f"/v2/someuser/nope{i}/manifests/v{i % 7}" for i in range(120)]
+
+        def get(path: str) -> int:
+            return httpx.get(url + path, timeout=30).status_code
+
+        with ThreadPoolExecutor(8) as pool:
+            codes = list(pool.map(get, paths))
+        assert set(codes) == {404}, Counter(codes)
+        status = httpx.get(f"{url}/modelfs/v1/status", timeout=10).json()["mirror"]
+        assert status["tags_looking_up"] == 0, status
+        assert status["upstream_requests"] >= len(paths)

@@ -24,9 +24,13 @@ from typing import Any
 
 import httpx
 import pytest
+import trio
 
 from modelfs.store.layout import Layout
 from modelfs.store.names import parse_name
+from modelfs.sync.credentials import Logins
+from modelfs.sync.http import make_client, registry_auth
+from modelfs.sync.proxies import ProxyRules
 from tests.builders import TinyStore
 from tests.test_serve_process import MODELFS, OPENSSL, SKOPEO, read_line, self_signed, served
 
@@ -300,6 +304,29 @@ def test_a_token_refused_early_is_renewed_on_every_path(source: TinyStore, tmp_p
         # config, model, template, license; each refused once unless it was sent after
         # another request had renewed the token
         assert 4 < len(gets) <= 8
+
+
+async def test_tokens_for_names_clients_chose_do_not_pile_up(tmp_path: Path) -> None:
+    """A mirror asks its upstream a token for each repository a client names, real or not.
+    Tokens that ran out are dropped as new ones come (here they last 1 s), and no per-scope
+    lock outlives its fetch, so a client naming ever new repositories cannot grow it."""
+    with token_registry(tmp_path, "--expires", "1") as reg:
+        logins = Logins(docker_config=tmp_path / "no-docker-config")
+        async with make_client(logins, proxies=ProxyRules()) as http:
+            auth = registry_auth(http)
+
+            async def ask(count: int, prefix: str) -> None:
+                for i in range(count):
+                    r = await http.get(f"{reg.url}/v2/{prefix}{i}/model/manifests/latest")
+                    assert r.status_code == 404, r.text
+
+            await ask(200, "gone")
+            assert len(auth._tokens) == 200  # each scope got its own token
+            await trio.sleep(1.1)  # they all ran out
+            await ask(100, "new")
+            assert len(auth._tokens) <= 100
+            assert len(auth._fetching) == 0
+        assert len(reg.stats()["tokens"]) == 300
 
 
 def test_a_retry_after_beyond_the_bound_is_not_waited_for(tmp_path: Path) -> None:

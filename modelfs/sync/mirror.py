@@ -56,6 +56,7 @@ from pathlib import Path
 
 import trio
 
+from modelfs.runtime.keyedlocks import KeyedLocks
 from modelfs.runtime.leasing import LiveLease, leased
 from modelfs.store.blobs import BlobStore
 from modelfs.store.digest import Digest
@@ -219,7 +220,8 @@ class Mirror:
         # tag -> upstream's manifest, while it is not (yet) the store's
         self._tops: dict[tuple[str, str, str, str], Manifest | ManifestList] = {}
         self._looked: dict[tuple[str, str, str, str], float] = {}  # tag -> last look upstream
-        self._tag_locks: dict[tuple[str, str, str, str], trio.Lock] = {}
+        # tag -> its lock while a request looks it up (a client may name any tag)
+        self._tag_locks = KeyedLocks[tuple[str, str, str, str]]()
         self._background = trio.CapacityLimiter(BACKGROUND)
         self.upstream_requests = 0  # manifests and blobs asked of upstream, for status
 
@@ -264,7 +266,7 @@ class Mirror:
             return await self._by_digest(repository, Digest.parse(reference))
         name = name_from_repository(repository, reference)
         key = name.key
-        async with self._tag_locks.setdefault(key, trio.Lock()):
+        async with self._tag_locks.hold(key):
             fresh = time.monotonic() - self._looked.get(key, -float("inf")) < self.ttl
             if fresh:
                 top: Manifest | ManifestList | None = self._tops.get(key)
@@ -609,6 +611,7 @@ class Mirror:
             "upstream": self.url,
             "ttl_seconds": self.ttl,
             "fetching": len(self._fetches),
+            "tags_looking_up": len(self._tag_locks),
             "pending": sorted(p.name.shortest for p in self._pending.values() if not p.written),
             "upstream_requests": self.upstream_requests,
         }

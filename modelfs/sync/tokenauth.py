@@ -40,6 +40,7 @@ from urllib.parse import urlsplit
 import httpx
 import trio
 
+from modelfs.runtime.keyedlocks import KeyedLocks
 from modelfs.sync.credentials import Credentials, CredentialsError, Logins
 from modelfs.sync.errors import PeerAuthError, PeerError
 
@@ -48,6 +49,7 @@ log = logging.getLogger(__name__)
 DEFAULT_EXPIRY = 60.0  # seconds, when the token service gives no `expires_in` (token spec)
 MAX_WAIT = 60.0  # the most one request waits in all for 429/503 `Retry-After`
 MAX_TOKEN = 64 << 10
+_PRUNE_TOKENS_AT = 256  # cached tokens past which those that ran out are dropped
 
 _PARAM = re.compile(r'\s*([A-Za-z][A-Za-z0-9_-]*)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^\s,]*))\s*,?')
 # An auth-scheme (a token, RFC 9110 5.6.2), and the token68 a scheme may carry instead of params.
@@ -162,7 +164,7 @@ class RegistryAuth(httpx.Auth):
         self._challenges: dict[str, Challenge] = {}  # origin -> the last challenge seen
         self._tokens: dict[tuple[str, str, tuple[str, ...]], tuple[str, float]] = {}
         self._lock = threading.Lock()
-        self._fetching: dict[tuple[str, str, tuple[str, ...]], trio.Lock] = {}
+        self._fetching = KeyedLocks[tuple[str, str, tuple[str, ...]]]()
 
     def sync_auth_flow(
         self, request: httpx.Request
@@ -279,7 +281,7 @@ class RegistryAuth(httpx.Auth):
         realm = challenge.params["realm"]
         service = challenge.params.get("service", "")
         key = (realm, service, tuple(scopes))
-        async with self._fetching.setdefault(key, trio.Lock()):
+        async with self._fetching.hold(key):
             now = time.monotonic()
             with self._lock:
                 cached = self._tokens.get(key)
@@ -290,6 +292,10 @@ class RegistryAuth(httpx.Auth):
             header = f"Bearer {token}"
             # Renewed a little before it runs out, so it never expires on the way.
             with self._lock:
+                if len(self._tokens) >= _PRUNE_TOKENS_AT:
+                    # A mirror asks a scope per repository its clients name, real or not:
+                    # tokens that ran out go, so the cache holds what is alive.
+                    self._tokens = {k: v for k, v in self._tokens.items() if v[1] > now}
                 self._tokens[key] = (header, now + expires_in * 0.9)
             return header
 
