@@ -16,6 +16,7 @@ from modelfs.store.manifest import (
     infer_runner,
     parse_config,
     parse_manifest,
+    parse_manifest_refs,
 )
 
 HEX = "ab" * 32
@@ -140,6 +141,28 @@ def test_list_references_and_inline_children() -> None:
 
 def test_go_marshal_escapes_like_go() -> None:
     assert go_marshal({"t": "<a&b>"}) == b'{"t":"\\u003ca\\u0026b\\u003e"}'
+
+
+def test_a_lone_surrogate_is_written_as_go_reads_it() -> None:
+    """Go's decoder reads an unpaired `\\ud800` as U+FFFD (encoding/json decode.go,
+    unquoteBytes) and its encoder writes that; a paired one is one character."""
+    assert go_marshal({"t": "a\ud800b\udc00"}) == '{"t":"a\ufffdb\ufffd"}'.encode()
+    assert go_marshal(json.loads('{"t":"\\ud83d\\ude00"}')) == '{"t":"\U0001f600"}'.encode()
+
+
+def test_an_inline_child_with_a_lone_surrogate_parses() -> None:
+    """A list whose inline child names a layer `"\\ud800"` is a list like any other (it
+    raised UnicodeEncodeError, which no caller of the parser expects: GC stopped there)."""
+    child = f'{{"mediaType":"{MEDIA_MANIFEST}",'
+    child += f'"config":{{"mediaType":"c","digest":"sha256:{HEX}","size":1}},'
+    child += f'"layers":[{{"mediaType":"m","digest":"sha256:{HEX}","size":1,"name":"\\ud800"}}]}}'
+    raw = f'{{"mediaType":"{MEDIA_LIST}","manifests":[{child}]}}'.encode()
+    for parsed in (parse_manifest(raw, "l"), parse_manifest_refs(raw, "l")):
+        assert isinstance(parsed, ManifestList)
+        (inl,) = parsed.children
+        assert inl.inline is not None and inl.inline.layers[0].digest == Digest(HEX)
+        go = f'{{"schemaVersion":0,{child[1:]}'.replace("\\ud800", "\ufffd").encode()
+        assert inl.digest == Digest.of_bytes(go)
 
 
 def test_config_and_runner_inference() -> None:

@@ -269,7 +269,15 @@ def go_marshal(obj: Any) -> bytes:
         ("\u2029", "\\u2029"),
     ):
         text = text.replace(char, escaped)
-    return text.encode()
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        # A lone surrogate, decoded from `"\ud800"`: Go's decoder reads each one as U+FFFD
+        # (encoding/json decode.go, unquoteBytes), so that is what its encoder writes.
+        return _LONE_SURROGATE.sub("\ufffd", text).encode()
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _inline_child_bytes(obj: dict[str, Any]) -> bytes:
