@@ -465,3 +465,13 @@ async def test_a_lingering_drop_keeps_the_hold_a_moment_and_a_reopen_writes_noth
             await trio.sleep(0.05)
         assert D1 not in read_leases(layout).live[0].digests
         assert keeper.written > written
+
+
+def test_a_hold_counts_each_digest_once_whatever_holds_them() -> None:
+    """A {digest: size} mapping is held as its digests, once each: one drop lets each go (a
+    mapping's values were added as counts, so a 4 GB blob stayed held for ever)."""
+    keeper = LeaseKeeper(Layout(Path("/nonexistent")), "mirror", host="h")
+    keeper.hold({D1: 4_000_000_000, D2: 1}, manifests=iter([D2]))
+    keeper.drop([D1, D2], manifests=[D2])
+    assert not keeper.digests
+    assert json.loads(keeper.snapshot()[1])["manifests"] == []

@@ -27,6 +27,7 @@ import pytest
 
 from modelfs.store.digest import Digest
 from modelfs.store.layout import Layout
+from modelfs.store.leases import read_leases
 from modelfs.store.names import parse_name
 from tests.builders import TinyStore
 from tests.ollama import OllamaClient
@@ -139,6 +140,19 @@ def kept(store: Path, source: TinyStore, name: str, timeout: float = 20) -> None
     same_model(source, store, name)
 
 
+def lets_go(store: Path, source: TinyStore, name: str, timeout: float = 20) -> None:
+    """Once a model is kept, the mirror's lease holds none of its blobs (its manifest keeps
+    them now); a hold the mirror does not let go would keep them from GC while it runs."""
+    wanted = {Digest.parse(str(x["digest"])) for x in layers(source, name)}
+    deadline = time.monotonic() + timeout
+    while True:
+        held = set().union(*(x.digests for x in read_leases(Layout(store)).live))
+        if not held & wanted:
+            return
+        assert time.monotonic() < deadline, f"the mirror still holds {held & wanted}"
+        time.sleep(0.1)
+
+
 def no_temp_files(store: Path) -> None:
     tmp = store / ".modelfs" / "tmp"
     assert not list(tmp.glob("pull-*.partial")) if tmp.exists() else True
@@ -195,6 +209,7 @@ def test_three_clients_at_once_fetch_each_blob_once(
             assert hashlib.sha256(got).hexdigest() == digest.split(":")[1]
         assert any("Range" in entry.headers for entry in ollama.log), "Ollama sent no Range"
         kept(tmp_path / "m", source, MODEL)
+        lets_go(tmp_path / "m", source, MODEL)
         seen = [(r.method, r.path) for r in relay.requests]
         counts = blob_gets(seen)
         assert set(counts) == {str(x["digest"]) for x in layers(source, MODEL)}, seen

@@ -169,8 +169,10 @@ class LeaseKeeper:
 
     def hold(self, digests: Iterable[Digest] = (), manifests: Iterable[Digest] = ()) -> None:
         before = (len(self._digests), len(self._manifests))
-        self._digests.update(digests)
-        self._manifests.update(manifests)
+        # Each digest counts one hold, whatever `digests` is: Counter.update would add a
+        # mapping's values (a {digest: size} dict held each blob size times, never let go).
+        self._digests.update(iter(digests))
+        self._manifests.update(iter(manifests))
         if (len(self._digests), len(self._manifests)) != before:
             self.version += 1
 

@@ -318,8 +318,10 @@ class Mirror:
             await trio.to_thread.run_sync(BlobStore(self.layout).put_bytes, fetched.raw)
             blobs = {}
         pending = Pending(name, fetched.raw, parsed, blobs)
-        await self.lease.hold(blobs, manifests=[fetched.digest])
+        # The pending owns the hold from the moment it is counted: a request cancelled while
+        # the lease is written leaves it to the pending, let go when it lands or is replaced.
         self._pending[name.key] = pending
+        await self.lease.hold(blobs, manifests=[fetched.digest])
         await self._settle()
         return parsed
 
