@@ -31,6 +31,7 @@ from modelfs.store.names import parse_name
 from modelfs.sync.credentials import Logins
 from modelfs.sync.http import make_client, registry_auth
 from modelfs.sync.proxies import ProxyRules
+from modelfs.sync.tokenauth import MAX_EXPIRY
 from tests.builders import TinyStore
 from tests.test_serve_process import MODELFS, OPENSSL, SKOPEO, read_line, self_signed, served
 
@@ -327,6 +328,18 @@ async def test_tokens_for_names_clients_chose_do_not_pile_up(tmp_path: Path) -> 
             assert len(auth._tokens) <= 100
             assert len(auth._fetching) == 0
         assert len(reg.stats()["tokens"]) == 300
+
+
+async def test_a_token_said_to_last_for_ever_is_kept_a_day_at_most(tmp_path: Path) -> None:
+    """`expires_in: Infinity` (JSON to Python's reader) would keep a token, and its cache
+    entry, for ever."""
+    with token_registry(tmp_path, "--expires", "inf") as reg:
+        logins = Logins(docker_config=tmp_path / "no-docker-config")
+        async with make_client(logins, proxies=ProxyRules()) as http:
+            r = await http.get(f"{reg.url}/v2/someone/model/manifests/latest")
+            assert r.status_code == 404, r.text
+            ((_, until),) = registry_auth(http)._tokens.values()
+            assert until - time.monotonic() <= MAX_EXPIRY
 
 
 def test_a_retry_after_beyond_the_bound_is_not_waited_for(tmp_path: Path) -> None:

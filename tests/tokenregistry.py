@@ -48,7 +48,7 @@ SERVICE = "tokenreg"
 
 
 class State:
-    def __init__(self, root: Path, users: dict[str, str], expires: int, throttle: int) -> None:
+    def __init__(self, root: Path, users: dict[str, str], expires: float, throttle: int) -> None:
         self.root = root
         self.users = users
         self.expires = expires
@@ -408,7 +408,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--retry-after", type=int, default=1)
     p.add_argument("--token-uses", type=int, default=0)
     p.add_argument("--identity", action="append", default=[], help="REFRESH_TOKEN:USER")
-    p.add_argument("--expires", type=int, default=300)
+    p.add_argument("--expires", type=float, default=300)
     p.add_argument("--challenges", choices=["one", "combined", "split"], default="one")
     args = p.parse_args(argv)
     users = dict(u.split(":", 1) for u in args.user)

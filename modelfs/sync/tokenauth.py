@@ -47,6 +47,7 @@ from modelfs.sync.errors import PeerAuthError, PeerError
 log = logging.getLogger(__name__)
 
 DEFAULT_EXPIRY = 60.0  # seconds, when the token service gives no `expires_in` (token spec)
+MAX_EXPIRY = 86400.0  # the longest a token is kept, whatever `expires_in` says
 MAX_WAIT = 60.0  # the most one request waits in all for 429/503 `Retry-After`
 MAX_TOKEN = 64 << 10
 _PRUNE_TOKENS_AT = 256  # cached tokens past which those that ran out are dropped
@@ -364,7 +365,9 @@ class RegistryAuth(httpx.Auth):
         expires_in = (
             float(expires) if isinstance(expires, int | float) and expires > 0 else DEFAULT_EXPIRY
         )
-        return token, expires_in
+        # Bounded (`Infinity` is JSON to Python's reader): a token kept longer is only fetched
+        # again sooner, and the cache drops each one some time.
+        return token, min(expires_in, MAX_EXPIRY)
 
     def refused(self, url: str, method: str, status: int) -> PeerAuthError:
         host = origin(url)
