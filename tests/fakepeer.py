@@ -248,6 +248,7 @@ class _Handler(BaseHTTPRequestHandler):
                 "digest": digest,
                 "range": self.headers.get("Range"),
                 "accept": self.headers.get("Accept"),
+                "authorization": self.headers.get("Authorization"),
                 "time": time.time(),
             }
         )

@@ -4,15 +4,22 @@ Daemons and impostors are separate processes on loopback."""
 
 from __future__ import annotations
 
+import base64
+import json
 import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
 
+from modelfs.store.names import parse_name
 from modelfs.store.scan import scan_store
 from tests.builders import TinyStore
 from tests.test_daemon import MODELFS, REPO, complete, daemon, names, wait_until
-from tests.test_pull_hosts import _env, fakepeer
+from tests.test_pull_hosts import _env, fakepeer, server
 from tests.test_serve_process import served
 
 
@@ -170,3 +177,133 @@ def test_a_registry_added_by_reload_is_used_without_a_proof(tmp_path: Path) -> N
         wait_until(lambda: complete(b, "fromreg:1"), what="the registry's model after SIGHUP")
         peers = get(f"{d.url}/modelfs/v1/status", token).json()["peers"]
         assert [(p["url"], p["proof"], p["unproven"]) for p in peers] == [(registry, "registry", 0)]
+
+
+def test_a_relay_on_a_peer_address_learns_no_token_and_cannot_swap_a_manifest(
+    tmp_path: Path,
+) -> None:
+    """b's first peer is a relay (tests/relaypeer.py) that holds no token, passes b's
+    requests on to the real daemon a, and answers for a's `gemma4:26b` with a's `other:1`
+    manifest, a's proof kept. b sends peers a proof of the token made for each request, never
+    the token, so nothing the relay saw lets it in at a (each header it was sent, sent again,
+    is refused). The proof a sends covers the body, so b refuses the swapped manifest, names
+    the relay, and takes `gemma4:26b` as a holds it. A configured registry is sent nothing."""
+    secret = "cmVsYXllZC10b2tlbi1uZXZlci1zZWVu"
+    token = tmp_path / "token"
+    token.write_text(secret + "\n")
+    real = TinyStore(tmp_path / "real")
+    real.gguf_model("gemma4:26b", b"the real gemma")
+    real.gguf_model("other:1", b"another model of a's")
+    swapped = tmp_path / "swapped.json"
+    swapped.write_bytes(real.layout.legacy_manifest(parse_name("other:1")).read_bytes())
+    reg = TinyStore(tmp_path / "reg")
+    reg.gguf_model("fromreg:1", b"a registry's model")
+    log, reg_log = tmp_path / "relay.log", tmp_path / "registry.log"
+    relay_argv = [sys.executable, "-m", "tests.relaypeer", "--log", str(log)]
+    b = tmp_path / "b"
+    with (
+        daemon(tmp_path, "a", store=str(real.root), token_file=str(token)) as a,
+        server([*relay_argv, "--upstream", a.url, "--swap", f"/manifests/26b={swapped}"]) as relay,
+        fakepeer(reg.root, log=reg_log) as registry,
+        daemon(
+            tmp_path,
+            "b",
+            store=str(b),
+            token_file=str(token),
+            peers=[relay, a.url],
+            registries=[registry],
+            replicate=["gemma4:26b", "fromreg:1"],
+            interval="1s",
+        ) as d,
+    ):
+        wait_until(lambda: complete(b, "gemma4:26b"), what="gemma4 from a")
+        wait_until(lambda: complete(b, "fromreg:1"), what="the registry's model")
+        wait_until(
+            lambda: f"peer {relay}: not a peer holding the shared token" in d.text(),
+            what="the relay named",
+        )
+        ids = {e.name.shortest: e.digest for e in scan_store(real.root)}
+        assert {e.name.shortest: e.digest for e in scan_store(b)}["gemma4:26b"] == ids["gemma4:26b"]
+
+        seen = [json.loads(line) for line in log.read_text().splitlines()]
+        assert any("/manifests/" in s["path"] for s in seen), seen
+        encoded = base64.b64encode(f"x:{secret}".encode()).decode()[4:]
+        for s in seen:
+            assert s["authorization"].startswith("Modelfs-Peer "), s
+            assert secret not in s["authorization"] and encoded not in s["authorization"]
+            again = httpx.request(
+                s["method"], a.url + s["path"], headers={"Authorization": s["authorization"]}
+            )
+            assert again.status_code == 401, (s, again.status_code)
+        asked = [json.loads(line) for line in reg_log.read_text().splitlines()]
+        assert asked and not any(s["authorization"] for s in asked), asked
+
+
+class _Hostile(BaseHTTPRequestHandler):
+    """A registry whose catalog is JSON nested deeper than Python reads, or endless."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        if self.server.server_port == _Hostile.deep_port:  # type: ignore[attr-defined]
+            body = b"[" * 200_000
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        chunk = b"[" + b" " * (1 << 20)
+        try:
+            for _ in range(64):  # 64 MiB, four times what a listing page may be
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            self.wfile.write(b"0\r\n\r\n")
+        except OSError:
+            pass  # the daemon stopped reading, as it should
+
+
+def test_a_registry_with_a_hostile_catalog_is_an_error_not_a_crash(tmp_path: Path) -> None:
+    """A catalog nested 200,000 deep (Python's JSON reader raises RecursionError) and one that
+    goes on for 64 MiB are each that source's error: the daemon keeps running, its memory
+    stays bounded, and the next round asks again."""
+    servers = [ThreadingHTTPServer(("127.0.0.1", 0), _Hostile) for _ in range(2)]
+    _Hostile.deep_port = servers[0].server_port  # type: ignore[attr-defined]
+    for s in servers:
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+    deep, endless = (f"http://127.0.0.1:{s.server_port}" for s in servers)
+    try:
+        with daemon(
+            tmp_path,
+            "b",
+            store=str(tmp_path / "b"),
+            registries=[deep, endless],
+            replicate=["*"],
+            interval="1s",
+        ) as d:
+            wait_until(
+                lambda: (
+                    sum(1 for p in d.status()["peers"] if p["error"]) == 2
+                    and "more than 16 MiB" in d.text()
+                ),
+                what="both catalogs refused",
+            )
+            time.sleep(2)  # another round
+            assert d.proc.poll() is None, d.text()
+            assert "Traceback" not in d.text()
+            rss = next(
+                int(line.split()[1])
+                for line in Path(f"/proc/{d.proc.pid}/status").read_text().splitlines()
+                if line.startswith("VmHWM:")
+            )
+            assert rss < 400 << 10, f"peak RSS {rss} kB"
+    finally:
+        for s in servers:
+            s.shutdown()
+            s.server_close()

@@ -35,6 +35,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import json
 import logging
 import socket
 import ssl
@@ -68,6 +69,7 @@ from modelfs.sync.http import (
     make_client,
     mapped_errors,
     raise_for_status,
+    read_capped,
     registry_auth,
 )
 from modelfs.sync.partial import Stopped
@@ -81,6 +83,7 @@ from modelfs.sync.protocol import (
 )
 from modelfs.sync.proxies import ProxyRules
 from modelfs.sync.signin import PROOF_HEADER, PROOF_NONCE_HEADER, new_nonce, proof_ok
+from modelfs.sync.tokenauth import origin as host_of
 from modelfs.sync.tokenauth import parse_challenges, retry_delay
 
 log = logging.getLogger(__name__)
@@ -91,6 +94,7 @@ POLL = 0.25  # how often a blocked receive looks at its stop flag
 MAX_HEADER = 64 << 10
 MAX_REDIRECTS = 10
 MAX_PAGES = 10_000
+MAX_LISTING_BYTES = 16 << 20  # one page of a catalog or tags list, decoded
 
 
 class TruncatedBodyError(PeerLiedError):
@@ -328,7 +332,8 @@ async def peer_session(
     """Where every client of a peer is made: the httpx client signing in with `credentials`
     (a token file, `--username`, or else docker's; sync.tokenauth), and the same sign-in and
     proxies for the raw large-blob receiver. `push` asks registries for `pull,push`. With a
-    `proof_token`, every peer but those in `unproved` must prove it holds that token. A
+    `proof_token`, every peer but those in `unproved` must prove it holds that token, and
+    is sent a proof that we do (never the token); `unproved` (registries) are sent none. A
     peer URL in `pins` must present the certificate its pin names (sync.pins), on both paths."""
     verify: bool | ssl.SSLContext = ssl_context if ssl_context is not None else True
     proxies = ProxyRules.from_environment()
@@ -340,6 +345,8 @@ async def peer_session(
         push=push,
         proxies=proxies,
         tls=tls,
+        peer_token=proof_token,
+        registries=frozenset(host_of(u) for u in unproved),
     ) as http:
         yield PeerSession(http, read_timeout, ssl_context, proxies, proof_token, unproved, tls)
 
@@ -380,13 +387,16 @@ class PeerClient:
         headers[PROOF_NONCE_HEADER] = nonce
         return nonce
 
-    def _check_proof(self, response: httpx.Response, nonce: str | None, what: str) -> None:
-        """Before anything in `response` is used: did the peer prove it holds the token?"""
+    def _check_proof(
+        self, response: httpx.Response, nonce: str | None, what: str, body: bytes
+    ) -> None:
+        """Before anything in `response` is used: did the peer prove it holds the token, and
+        that `body` is what it sent?"""
         if nonce is None or self.proof_token is None:
             return
         path = response.url.raw_path.partition(b"?")[0].decode("latin-1")
         given = response.headers.get(PROOF_HEADER)
-        if proof_ok(self.proof_token, nonce, path, given):
+        if proof_ok(self.proof_token, nonce, path, given, body):
             return
         why = f"no {PROOF_HEADER}" if not given else f"a wrong {PROOF_HEADER}"
         raise PeerUnprovenError(
@@ -429,7 +439,6 @@ class PeerClient:
         with mapped_errors(self.url, what):
             async with self.http.stream("GET", url, headers=headers) as response:
                 raise_for_status(response, what)
-                self._check_proof(response, nonce, what)
                 declared = response.headers.get("content-length")
                 too_big = declared is not None and declared.isdigit()
                 if too_big and int(declared or 0) > MAX_MANIFEST_BYTES:
@@ -444,6 +453,7 @@ class PeerClient:
                 media_type = response.headers.get("content-type", "").split(";")[0].strip()
                 header_digest = response.headers.get(DIGEST_HEADER)
         raw = bytes(body)
+        self._check_proof(response, nonce, what, raw)
         digest = Digest.of_bytes(raw)
         if header_digest:
             try:
@@ -473,17 +483,18 @@ class PeerClient:
             headers: dict[str, str] = {}
             nonce = self._challenge(headers)
             with mapped_errors(self.url, what):
-                response = await self.http.get(url, headers=headers)
-                raise_for_status(response, what)
-            self._check_proof(response, nonce, what)
+                async with self.http.stream("GET", url, headers=headers) as response:
+                    raise_for_status(response, what)
+                    raw = await read_capped(response, MAX_LISTING_BYTES, f"{url}: {what}")
+            self._check_proof(response, nonce, what, raw)
             named = response.headers.get(HOST_HEADER, "")
             if named and len(named) <= MAX_HOST_ID and named.isprintable():
                 self.host_id = named
             try:
-                body = response.json()
-                page = body[key] if isinstance(body, dict) else None
-            except (ValueError, KeyError):
-                page = None
+                body = json.loads(raw)
+            except (ValueError, RecursionError):  # nested deeper than Python reads, too
+                raise PeerError(f"{url}: {what}: not JSON") from None
+            page = body.get(key) if isinstance(body, dict) else None
             if page is None:
                 page = []  # a registry answers `"tags": null` for a repository without tags
             if not isinstance(page, list) or not all(isinstance(x, str) for x in page):
@@ -689,8 +700,11 @@ class PeerClient:
                 conn.close()
                 conn = None
                 url = urljoin(url, headers["location"])
-                # Never send our token to another host (a registry's storage redirect).
+                # Never send our token to another host (a registry's storage redirect); on
+                # the same host, what is sent is made for the new path (a peer's proof is).
                 auth = auth and _split_url(url)[1:3] == origin
+                if auth:
+                    authorization = _from_trio(signin.header, url, "GET")
                 redirects += 1
                 continue
             if status not in (200, 206):

@@ -270,7 +270,7 @@ class Daemon:
     # -- the whole daemon ---------------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
         config = self.config
-        # One file: the token this host serves with, and the credentials sent to its peers.
+        # One file: the token this host serves with and proves to its peers that it holds.
         credentials = read_credentials(config.token_file)
         token = credentials.secret if credentials is not None else None
         app = RegistryApp(
@@ -297,7 +297,9 @@ class Daemon:
         heartbeat = min(HEARTBEAT, config.gc.lease_ttl / 4)
         async with (
             peer_session(
-                Logins(credentials, docker_config=config.docker_config),
+                # Peers are sent proofs of the token, never the token; registries docker's
+                # credentials when they ask.
+                Logins(None, docker_config=config.docker_config),
                 proof_token=token,
                 unproved=self._registries(),
                 pins=self.config.pins,

@@ -33,6 +33,8 @@ def make_client(
     push: bool = False,
     proxies: ProxyRules | None = None,
     tls: PeerTls | None = None,
+    peer_token: str | None = None,
+    registries: frozenset[str] = frozenset(),
 ) -> httpx.AsyncClient:
     """An httpx client for peers and registries: every request routed by the proxy rules
     (sync.proxies, the environment's by default) and signed in by `RegistryAuth` (a token
@@ -60,7 +62,10 @@ def make_client(
             auth=auth,
         )
 
-    return client(RegistryAuth(logins, client(None), push=push))
+    auth = RegistryAuth(
+        logins, client(None), push=push, peer_token=peer_token, registries=registries
+    )
+    return client(auth)
 
 
 def registry_auth(http: httpx.AsyncClient) -> RegistryAuth:
@@ -87,6 +92,17 @@ def raise_for_status(response: httpx.Response, what: str) -> None:
             f"modelfs waits at most {MAX_WAIT:.0f} s in all for one request)"
         )
     raise PeerError(f"{where}: HTTP {status} while fetching {what}")
+
+
+async def read_capped(response: httpx.Response, limit: int, what: str) -> bytes:
+    """A streamed answer's body, decoded, refused past `limit` bytes: a peer's endless or
+    compressed body cannot fill memory."""
+    body = bytearray()
+    async for chunk in response.aiter_bytes():
+        body += chunk
+        if len(body) > limit:
+            raise PeerError(f"{what}: more than {limit >> 20} MiB, more than it can be")
+    return bytes(body)
 
 
 @contextlib.contextmanager

@@ -106,6 +106,7 @@ from modelfs.sync.protocol import (
 from modelfs.sync.registry_names import RegistryNameError, repository_for
 from modelfs.sync.signin import (
     MAX_NONCE,
+    PEER_SCHEME,
     PROOF_HEADER,
     PROOF_NONCE_HEADER,
     SERVICE,
@@ -642,7 +643,9 @@ class RegistryApp:
 
         Credentials: `Authorization: Bearer <token>` with the static token or one this
         server issued (Basic with the token as password is taken too, for clients that only
-        know `--creds user:password`), or a signed URL this server gave out in a Location.
+        know `--creds user:password`), a sync daemon's proof that it holds the static token
+        (`Modelfs-Peer`, signin.peer_authorization), or a signed URL this server gave out in a
+        Location.
         """
         if not self.access.enabled:
             if not _is_loopback(request.client):
@@ -653,6 +656,11 @@ class RegistryApp:
                 )
             return
         header = request.headers.get("authorization", "")
+        scheme, _, value = header.strip().partition(" ")
+        if scheme == PEER_SCHEME and self.access.peer_request_ok(
+            value, request.method, request.raw_path.decode("latin-1")
+        ):
+            return
         given = _credential(header)
         if given is not None and self.access.bearer_ok(given):
             return
@@ -1101,17 +1109,19 @@ class RegistryApp:
         if length:
             headers = [*headers, ("Content-Length", str(len(body)))]
         headers = [*headers, (HOST_HEADER, self.host_id)]
+        if request.method == "HEAD":
+            body = b""
         nonce = request.headers.get(PROOF_NONCE_HEADER.lower(), "")
-        if 0 < len(nonce) <= MAX_NONCE:
-            # A sync daemon asks us to prove we hold the shared token before it uses a
-            # listing or manifest (signin.proof_ok); without a token there is nothing to prove.
-            proof = self.access.prove(nonce, proof_path(request.raw_path.decode("latin-1")))
+        if 0 < len(nonce) <= MAX_NONCE and status < 400:
+            # A sync daemon asks us to prove we hold the shared token, and sent this body,
+            # before it uses a listing or manifest (signin.proof_ok); without a token there is
+            # nothing to prove, and a refusal (to anyone who asks) proves nothing.
+            path = proof_path(request.raw_path.decode("latin-1"))
+            proof = self.access.prove(nonce, path, body)
             if proof is not None:
                 headers = [*headers, (PROOF_HEADER, proof)]
         await send({"type": "http.response.start", "status": status, "headers": _encode(headers)})
-        await send(
-            {"type": "http.response.body", "body": b"" if request.method == "HEAD" else body}
-        )
+        await send({"type": "http.response.body", "body": body})
 
     async def _respond_json(
         self,

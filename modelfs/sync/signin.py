@@ -210,6 +210,7 @@ class Access:
         self.url_ttl = url_ttl
         self._secret = secrets.token_bytes(32)
         self._nonces: OrderedDict[tuple[bytes, str], float] = OrderedDict()
+        self._peer_nonces: OrderedDict[str, float] = OrderedDict()
 
     @property
     def enabled(self) -> bool:
@@ -331,12 +332,41 @@ class Access:
     def _mac(self, purpose: str, expires: str, subject: str) -> str:
         return _mac(self._secret, purpose, expires, subject)
 
-    # -- peer proofs -----------------------------------------------------------------------
-    def prove(self, nonce: str, path: str) -> str | None:
-        """This server's answer to a peer's nonce (`peer_proof`), or None without a token."""
+    # -- peers ---------------------------------------------------------------------------
+    def peer_request_ok(self, credential: str, method: str, path: str) -> bool:
+        """Is `credential` (after PEER_SCHEME) a sync daemon's proof that it holds the static
+        token, made for this request (`peer_authorization`), fresh and not seen before?"""
+        if self._token_hash is None or len(credential) > MAX_CREDENTIAL:
+            return False
+        parts = credential.strip().split(".")
+        if len(parts) != 3:
+            return False
+        ts, nonce, mac = parts
+        now = time.time()
+        if not ts.isdigit() or len(ts) > 12 or abs(int(ts) - now) > TS_WINDOW:
+            return False
+        if not 0 < len(nonce) <= MAX_NONCE:
+            return False
+        expected = _mac(self._token_hash, "peer-request", f"{ts}.{nonce}", _subject(method, path))
+        if not hmac.compare_digest(mac.encode(), expected.encode()):
+            return False
+        while self._peer_nonces and next(iter(self._peer_nonces.values())) < now:
+            self._peer_nonces.popitem(last=False)
+        if nonce in self._peer_nonces:
+            log.warning("a peer request's nonce was sent again (a replay?): refused")
+            return False
+        if len(self._peer_nonces) >= MAX_NONCES:
+            self._peer_nonces.popitem(last=False)  # the oldest; its window is nearly over
+        # Kept while its `ts` could still pass the window check; in expiry order.
+        self._peer_nonces[nonce] = now + 2 * TS_WINDOW
+        return True
+
+    def prove(self, nonce: str, path: str, body: bytes) -> str | None:
+        """This server's answer to a peer's nonce for `body` (`proof_ok`), or None without
+        a token."""
         if self._token_hash is None:
             return None
-        return _mac(self._token_hash, "peer-proof", nonce, path)
+        return _mac(self._token_hash, "peer-proof", nonce, _proven(path, body))
 
 
 def _mac(key: bytes, purpose: str, nonce: str, subject: str) -> str:
@@ -345,11 +375,17 @@ def _mac(key: bytes, purpose: str, nonce: str, subject: str) -> str:
     return base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
 
-# A sync daemon takes a peer's catalog and manifests only when the peer proves it holds the
-# shared token: the client sends a fresh nonce, the peer answers with an HMAC of it and the
-# request path keyed by the token (its sha256, all a server keeps), and the client checks it
-# before it reads the body. Anything else that listens on a peer's address (a tokenless
-# `modelfs serve`, one with another token) cannot choose what a tag becomes on every host.
+# Sync daemons that share a token never send it to each other; each side proves it holds it.
+# A request carries `Authorization: Modelfs-Peer <ts>.<nonce>.<mac>`, an HMAC keyed by the
+# token's sha256 over the time, a fresh nonce, the method and the path: good for that request
+# only, within TS_WINDOW of the server's clock, once (a server remembers the nonces it took).
+# A daemon takes a peer's catalog and manifests only when the answer carries
+# `Modelfs-Peer-Proof`, an HMAC of another fresh nonce it sent, the path and the sha256 of the
+# body, checked before the body is used. Anything else that listens on a peer's address (a
+# tokenless `modelfs serve`, one with another token) learns no token from what it is sent,
+# cannot answer for a real peer it relays to with a body of its own, and so cannot choose what
+# a tag becomes on every host.
+PEER_SCHEME = "Modelfs-Peer"
 PROOF_NONCE_HEADER = "Modelfs-Peer-Nonce"
 PROOF_HEADER = "Modelfs-Peer-Proof"
 MAX_NONCE = 128  # longer nonces are not answered: a header's worth, no more
@@ -366,12 +402,29 @@ def new_nonce() -> str:
     return secrets.token_urlsafe(24)
 
 
-def proof_ok(token: str, nonce: str, path: str, given: str | None) -> bool:
-    """Does `given` (the peer's PROOF_HEADER) prove it holds `token`? Constant-time."""
+def proof_ok(token: str, nonce: str, path: str, given: str | None, body: bytes) -> bool:
+    """Does `given` (the peer's PROOF_HEADER) prove it holds `token` and sent `body`?
+    Constant-time."""
     if not given:
         return False
-    expected = _mac(token_hash(token), "peer-proof", nonce, proof_path(path))
+    expected = _mac(token_hash(token), "peer-proof", nonce, _proven(proof_path(path), body))
     return hmac.compare_digest(given.strip().encode(), expected.encode())
+
+
+def peer_authorization(token: str, method: str, path: str) -> str:
+    """The `Authorization` a sync daemon sends a peer: proof that it holds `token`, made for
+    this one request (`Access.peer_request_ok`), never the token itself."""
+    ts, nonce = str(int(time.time())), new_nonce()
+    mac = _mac(token_hash(token), "peer-request", f"{ts}.{nonce}", _subject(method, path))
+    return f"{PEER_SCHEME} {ts}.{nonce}.{mac}"
+
+
+def _subject(method: str, path: str) -> str:
+    return f"{method.upper()} {proof_path(path.partition('?')[0])}"
+
+
+def _proven(path: str, body: bytes) -> str:
+    return f"{path}\n{hashlib.sha256(body).hexdigest()}"
 
 
 def _fingerprint(blob: bytes) -> str:

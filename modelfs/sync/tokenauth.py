@@ -43,6 +43,7 @@ import trio
 from modelfs.runtime.keyedlocks import KeyedLocks
 from modelfs.sync.credentials import Credentials, CredentialsError, Logins
 from modelfs.sync.errors import PeerAuthError, PeerError
+from modelfs.sync.signin import peer_authorization
 
 log = logging.getLogger(__name__)
 
@@ -157,11 +158,18 @@ class RegistryAuth(httpx.Auth):
         *,
         push: bool = False,
         max_wait: float = MAX_WAIT,
+        peer_token: str | None = None,
+        registries: frozenset[str] = frozenset(),
     ) -> None:
         self.logins = logins
         self.token_client = token_client
         self.push = push
         self.max_wait = max_wait
+        # A sync daemon's peers: every host but `registries` gets a proof, made for each
+        # request, that we hold `peer_token` (signin.peer_authorization), never the token,
+        # and a peer's challenge is never answered with credentials (the 401 stands).
+        self.peer_token = peer_token
+        self.registries = registries
         self._challenges: dict[str, Challenge] = {}  # origin -> the last challenge seen
         self._tokens: dict[tuple[str, str, tuple[str, ...]], tuple[str, float]] = {}
         self._lock = threading.Lock()
@@ -214,6 +222,9 @@ class RegistryAuth(httpx.Auth):
             return
 
     # -- what to send -----------------------------------------------------------------------
+    def _is_peer(self, host: str) -> bool:
+        return self.peer_token is not None and host not in self.registries
+
     async def credentials(self, host: str) -> Credentials | None:
         try:
             return await trio.to_thread.run_sync(self.logins.for_registry, host)
@@ -224,6 +235,8 @@ class RegistryAuth(httpx.Auth):
         """The `Authorization` for a request before any 401: a token file's, a token for the
         scope when this host has challenged us before, Basic after a Basic challenge."""
         host = origin(url)
+        if self._is_peer(host):
+            return peer_authorization(self.peer_token or "", method, urlsplit(url).path)
         explicit = self.logins.explicit
         challenge = self._challenges.get(host)
         if challenge is None:
@@ -246,6 +259,8 @@ class RegistryAuth(httpx.Auth):
         """The `Authorization` to send again with after a 401 carrying `challenges`, or None
         when there is nothing better to send than what was sent (`sent`)."""
         host = origin(url)
+        if self._is_peer(host):
+            return None  # a peer takes our proof or nothing; no realm it names gets more
         for challenge in challenges:
             realm = challenge.params.get("realm", "")
             if challenge.scheme == "bearer" and realm.startswith(("http://", "https://")):
@@ -356,7 +371,7 @@ class RegistryAuth(httpx.Auth):
             body = response.json()
             token = body.get("token") or body.get("access_token")
             expires = body.get("expires_in", DEFAULT_EXPIRY)
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):  # nesting deeper than Python's
             token, expires = None, None
         if not isinstance(token, str) or not token or len(token) > MAX_TOKEN:
             raise PeerError(f"{host}: token service {realm} answered with no token")

@@ -1,0 +1,82 @@
+"""sync.signin's proofs between sync daemons that share a token: a request's proof is good
+for its method and path, within the time window, once; a response's proof covers its body.
+Pure functions and the server's Access object: the daemons themselves are in
+tests/test_daemon_trust.py."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from modelfs.sync import signin
+from modelfs.sync.signin import (
+    PEER_SCHEME,
+    TS_WINDOW,
+    Access,
+    new_nonce,
+    peer_authorization,
+    proof_ok,
+)
+
+TOKEN = "c2hhcmVkLWJ5LWV2ZXJ5LWhvc3Q="
+
+
+def credential(header: str) -> str:
+    scheme, _, value = header.partition(" ")
+    assert scheme == PEER_SCHEME
+    return value
+
+
+def test_a_request_proof_is_good_for_its_method_and_path_once() -> None:
+    access = Access(token=TOKEN)
+    header = peer_authorization(TOKEN, "GET", "/v2/library/gemma4/manifests/26b")
+    assert TOKEN not in header
+    value = credential(header)
+    assert not access.peer_request_ok(value, "GET", "/v2/library/gemma4/manifests/other")
+    assert not access.peer_request_ok(value, "HEAD", "/v2/library/gemma4/manifests/26b")
+    assert access.peer_request_ok(value, "GET", "/v2/library/gemma4/manifests/26b")
+    # A prefix before /v2/ (a reverse proxy's) is not part of what is proved.
+    assert not access.peer_request_ok(value, "GET", "/v2/library/gemma4/manifests/26b")
+    again = credential(peer_authorization(TOKEN, "GET", "/models/v2/_catalog"))
+    assert access.peer_request_ok(again, "GET", "/v2/_catalog")
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "",
+        "no-dots",
+        "1.2.3.4",
+        "x.nonce.mac",
+        f"{int(time.time())}.{'n' * 200}.mac",
+    ],
+)
+def test_malformed_request_proofs_are_refused(value: str) -> None:
+    assert not Access(token=TOKEN).peer_request_ok(value, "GET", "/v2/_catalog")
+
+
+def test_another_token_or_an_old_time_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    access = Access(token=TOKEN)
+    other = credential(peer_authorization("another-token", "GET", "/v2/_catalog"))
+    assert not access.peer_request_ok(other, "GET", "/v2/_catalog")
+    assert not Access(token=None, keys_path=None).peer_request_ok(
+        credential(peer_authorization(TOKEN, "GET", "/v2/_catalog")), "GET", "/v2/_catalog"
+    )
+    real_time = time.time
+    monkeypatch.setattr(signin.time, "time", lambda: real_time() - TS_WINDOW - 5)
+    old = credential(peer_authorization(TOKEN, "GET", "/v2/_catalog"))
+    monkeypatch.setattr(signin.time, "time", real_time)
+    assert not access.peer_request_ok(old, "GET", "/v2/_catalog")
+
+
+def test_a_response_proof_covers_the_body() -> None:
+    access = Access(token=TOKEN)
+    nonce = new_nonce()
+    path = "/v2/library/gemma4/manifests/26b"
+    proof = access.prove(nonce, path, b'{"the":"manifest"}')
+    assert proof_ok(TOKEN, nonce, path, proof, b'{"the":"manifest"}')
+    assert not proof_ok(TOKEN, nonce, path, proof, b'{"another":"manifest"}')
+    assert not proof_ok(TOKEN, new_nonce(), path, proof, b'{"the":"manifest"}')
+    assert not proof_ok("another-token", nonce, path, proof, b'{"the":"manifest"}')
+    assert Access(token=None, keys_path=None).prove(nonce, path, b"") is None
