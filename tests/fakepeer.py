@@ -16,6 +16,7 @@ A fault SPEC is `KIND[=ARG][@TARGET][#TIMES]`:
 
     flip            one byte of the body is flipped (at the blob's middle, if in range)
     truncate        the full Content-Length is promised, half the body is sent, then close
+    poison          as truncate, but the half sent is zeros (wrong bytes, then a hang-up)
     short-length    Content-Length is one byte short, and so is the body (a lying length)
     long-length     Content-Length is 100 bytes long, the real body is sent, then close
     stall           half the body, then nothing (until the peer is stopped)
@@ -79,6 +80,7 @@ class Fault:
         known = {
             "flip",
             "truncate",
+            "poison",
             "short-length",
             "long-length",
             "stall",
@@ -389,8 +391,15 @@ class _Handler(BaseHTTPRequestHandler):
             sock.sendfile(f, start, length)
             return
         # Faulty bodies are sent by hand, in pieces.
-        self.close_connection = kind in ("truncate", "long-length", "stall", "short-length")
-        send_to = {"truncate": start + length // 2, "stall": start + length // 2}.get(kind, end)
+        self.close_connection = kind in (
+            "truncate",
+            "poison",
+            "long-length",
+            "stall",
+            "short-length",
+        )
+        half = start + length // 2
+        send_to = {"truncate": half, "poison": half, "stall": half}.get(kind, end)
         if kind == "short-length":
             send_to = end - 1
         flip_at = size // 2 if start <= size // 2 < end else start
@@ -403,6 +412,8 @@ class _Handler(BaseHTTPRequestHandler):
             data = bytearray(os.pread(f.fileno(), n, pos))
             if kind == "flip" and pos <= flip_at < pos + n:
                 data[flip_at - pos] ^= 0xFF
+            if kind == "poison":
+                data = bytearray(n)
             if kind == "chunked":
                 self.wfile.write(b"%x\r\n" % len(data) + bytes(data) + b"\r\n")
             else:

@@ -172,6 +172,27 @@ def test_fails_over_from_a_dead_and_a_lying_peer(tmp_path: Path) -> None:
     assert tree(b) == tree(tiny.root)
 
 
+def test_a_liars_bytes_do_not_make_an_honest_peer_a_liar(tmp_path: Path) -> None:
+    """The first peer sends half a blob as zeros and hangs up; the honest second peer sends
+    the rest, and the whole does not hash. Bytes that were here before the honest peer sent
+    its part are what may be wrong, so the blob is fetched whole again from it: the pull
+    succeeds and the honest peer is not named a liar (it was, and the model never came)."""
+    tiny = TinyStore(tmp_path / "a")
+    payload = weights(12 * MiB)
+    tiny.gguf_model("m:1", payload)
+    big = Digest.of_bytes(payload)
+    b = tmp_path / "b"
+    with (
+        fakepeer(tiny.root, f"poison@{big.hex[:12]}#1") as liar,
+        modelfs_serve(tiny.root) as good,
+    ):
+        r = pull(b, "m:1", "--from", liar, "--from", good)
+    assert r.returncode == 0, r.stderr
+    assert f"{good}: blob {big} arrived with sha256" not in r.stderr
+    assert "fetching it whole again" in r.stderr, r.stderr
+    assert tree(b) == tree(tiny.root)
+
+
 # -- kill -9 and resume -----------------------------------------------------------------------
 def kill_mid_blob(
     store: Layout,

@@ -165,7 +165,9 @@ class BlobFetcher:
         retried_clean = False
         try:
             while (peer := sources.next()) is not None:
-                resumed = partial.resumed
+                # Bytes already here came from an earlier run, or from a source that failed
+                # before this one: if the whole does not hash, this source is not to blame.
+                before = partial.done.total()
                 gaps = partial.done.missing(size)
                 # One GET for each gap; a connection that joins later takes the far end of
                 # one, cut in chunk-sized ranges (`fastpath.Transfer.make_room`).
@@ -185,13 +187,16 @@ class BlobFetcher:
                     return
                 # Wrong bytes. Delete them all: any byte may be the bad one.
                 await trio.to_thread.run_sync(self._restart, partial)
-                if resumed and not retried_clean:
-                    # Part of it came from an earlier run; that part may be what was wrong.
+                if before and not retried_clean:
+                    # Part of it came from before this source; that part may be what was wrong.
                     retried_clean = True
                     log.warning(
-                        "blob %s resumed from an earlier run hashed to %s; fetching it again",
+                        "blob %s hashed to %s with %d bytes that were here before %s sent the "
+                        "rest; fetching it whole again",
                         digest,
                         got,
+                        before,
+                        peer.url,
                     )
                     continue
                 lie = PeerLiedError(f"{peer.url}: blob {digest} arrived with sha256 {got}")
