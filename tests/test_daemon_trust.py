@@ -166,9 +166,9 @@ def test_a_registry_added_by_reload_is_used_without_a_proof(tmp_path: Path) -> N
     token.write_text("cmVsb2FkZWQtcmVnaXN0cmllcy10b2tlbg==\n")
     reg = TinyStore(tmp_path / "reg")
     reg.gguf_model("fromreg:1", b"a registry's model")
-    b = tmp_path / "b"
+    b, reg_log = tmp_path / "b", tmp_path / "registry.log"
     with (
-        served(reg.root) as (registry, _),
+        fakepeer(reg.root, log=reg_log) as registry,
         daemon(
             tmp_path, "b", store=str(b), token_file=str(token), replicate=["*"], interval="1s"
         ) as d,
@@ -177,6 +177,9 @@ def test_a_registry_added_by_reload_is_used_without_a_proof(tmp_path: Path) -> N
         wait_until(lambda: complete(b, "fromreg:1"), what="the registry's model after SIGHUP")
         peers = get(f"{d.url}/modelfs/v1/status", token).json()["peers"]
         assert [(p["url"], p["proof"], p["unproven"]) for p in peers] == [(registry, "registry", 0)]
+        # A registry added by a reload is sent none of the token's proofs either.
+        asked = [json.loads(line) for line in reg_log.read_text().splitlines()]
+        assert asked and not any(s["authorization"] for s in asked), asked
 
 
 def test_a_relay_on_a_peer_address_learns_no_token_and_cannot_swap_a_manifest(

@@ -41,7 +41,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 from urllib.parse import urljoin, urlsplit
@@ -137,6 +137,29 @@ def repositories(name: Name) -> list[str]:
 
 
 # -- the raw receiver -------------------------------------------------------------------------
+def _range_request(
+    conn: Conn, url: str, start: int, end: int, authorization: str | None
+) -> bytes:
+    """The bytes of a GET of `url`'s bytes `start` to `end` on `conn` (absolute-form through
+    a forwarding proxy), with `authorization` when there is one."""
+    scheme, host, port, target = _split_url(url)
+    host_header = f"{f'[{host}]' if ':' in host else host}" + (
+        "" if port in (80, 443) else f":{port}"
+    )
+    lines = [
+        f"GET {f'{scheme}://{host_header}{target}' if conn.forward else target} HTTP/1.1",
+        f"Host: {host_header}",
+        f"User-Agent: {USER_AGENT}",
+        "Accept-Encoding: identity",
+        f"Range: bytes={start}-{end - 1}",
+    ]
+    if authorization:
+        lines.append(f"Authorization: {authorization}")
+    if conn.proxy_authorization:
+        lines.append(f"Proxy-Authorization: {conn.proxy_authorization}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
 @dataclass
 class Conn:
     """A kept-alive connection to one host, reusable for the next request to it."""
@@ -310,9 +333,20 @@ class PeerSession:
         # Peers must prove they hold this token before their listings and manifests are
         # used (signin.proof_ok); `unproved` are registries, which hold no modelfs token.
         self.proof_token = proof_token
-        self.unproved = frozenset(u.rstrip("/") for u in unproved)
+        self.unproved = unproved
         # Pinned peers' TLS, shared with the httpx client's transport; `tls.update` on reload.
         self.tls = tls if tls is not None else PeerTls()
+
+    @property
+    def unproved(self) -> frozenset[str]:
+        return self._unproved
+
+    @unproved.setter
+    def unproved(self, urls: Iterable[str]) -> None:
+        self._unproved = frozenset(u.rstrip("/") for u in urls)
+        # Sent none of the token's proofs either (RegistryAuth keys hosts by origin); set
+        # again when a reload changes the registries.
+        self.auth.registries = frozenset(host_of(u) for u in self._unproved)
 
     def peer(self, url: str) -> PeerClient:
         return PeerClient(url, self)
@@ -346,7 +380,6 @@ async def peer_session(
         proxies=proxies,
         tls=tls,
         peer_token=proof_token,
-        registries=frozenset(host_of(u) for u in unproved),
     ) as http:
         yield PeerSession(http, read_timeout, ssl_context, proxies, proof_token, unproved, tls)
 
@@ -635,35 +668,25 @@ class PeerClient:
         waited = 0.0
         redirects = 0
         while redirects <= MAX_REDIRECTS:
-            scheme, host, port, target = _split_url(url)
+            scheme, host, port, _ = _split_url(url)
             key = (scheme, host, port)
             if conn is not None and conn.key != key:
                 conn.close()
                 conn = None
             if conn is None:
                 conn = self._connect(key, what)
-            host_header = f"{f'[{host}]' if ':' in host else host}" + (
-                "" if port in (80, 443) else f":{port}"
-            )
-            lines = [
-                f"GET {f'{scheme}://{host_header}{target}' if conn.forward else target} HTTP/1.1",
-                f"Host: {host_header}",
-                f"User-Agent: {USER_AGENT}",
-                "Accept-Encoding: identity",
-                f"Range: bytes={start}-{end - 1}",
-            ]
-            if auth and authorization:
-                lines.append(f"Authorization: {authorization}")
-            if conn.proxy_authorization:
-                lines.append(f"Proxy-Authorization: {conn.proxy_authorization}")
-            request = ("\r\n".join(lines) + "\r\n\r\n").encode()
             try:
                 try:
+                    request = _range_request(conn, url, start, end, authorization if auth else None)
                     status, headers = self._exchange(conn, request, url, what, stop)
                 except _StaleConnection:
-                    # A kept-alive connection the server had closed: once more, on a new one.
+                    # A kept-alive connection the server had closed: once more, on a new one,
+                    # signed anew (a peer takes each proof of the token once).
                     conn.close()
                     conn = self._connect(key, what)
+                    if auth:
+                        authorization = _from_trio(signin.header, url, "GET")
+                    request = _range_request(conn, url, start, end, authorization if auth else None)
                     status, headers = self._exchange(conn, request, url, what, stop)
             except BaseException:
                 conn.close()

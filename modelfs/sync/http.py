@@ -34,7 +34,6 @@ def make_client(
     proxies: ProxyRules | None = None,
     tls: PeerTls | None = None,
     peer_token: str | None = None,
-    registries: frozenset[str] = frozenset(),
 ) -> httpx.AsyncClient:
     """An httpx client for peers and registries: every request routed by the proxy rules
     (sync.proxies, the environment's by default) and signed in by `RegistryAuth` (a token
@@ -62,10 +61,7 @@ def make_client(
             auth=auth,
         )
 
-    auth = RegistryAuth(
-        logins, client(None), push=push, peer_token=peer_token, registries=registries
-    )
-    return client(auth)
+    return client(RegistryAuth(logins, client(None), push=push, peer_token=peer_token))
 
 
 def registry_auth(http: httpx.AsyncClient) -> RegistryAuth:

@@ -159,17 +159,17 @@ class RegistryAuth(httpx.Auth):
         push: bool = False,
         max_wait: float = MAX_WAIT,
         peer_token: str | None = None,
-        registries: frozenset[str] = frozenset(),
     ) -> None:
         self.logins = logins
         self.token_client = token_client
         self.push = push
         self.max_wait = max_wait
-        # A sync daemon's peers: every host but `registries` gets a proof, made for each
-        # request, that we hold `peer_token` (signin.peer_authorization), never the token,
-        # and a peer's challenge is never answered with credentials (the 401 stands).
+        # A sync daemon's peers: every host but `registries` (origins; its PeerSession sets
+        # them) gets a proof, made for each request, that we hold `peer_token`
+        # (signin.peer_authorization), never the token, and a peer's challenge is never
+        # answered with credentials (the 401 stands).
         self.peer_token = peer_token
-        self.registries = registries
+        self.registries: frozenset[str] = frozenset()
         self._challenges: dict[str, Challenge] = {}  # origin -> the last challenge seen
         self._tokens: dict[tuple[str, str, tuple[str, ...]], tuple[str, float]] = {}
         self._lock = threading.Lock()
