@@ -156,11 +156,16 @@ def test_two_hosts_default_variant_then_onward(tmp_path: Path) -> None:
     assert [v.runner for v in scan_store(c).lookup(GEMMA).variants] == ["llamacpp"]
 
 
-def test_fails_over_from_a_dead_and_a_lying_peer(tmp_path: Path) -> None:
-    tiny = TinyStore(tmp_path / "a")
+def one_big_model(root: Path) -> tuple[TinyStore, Digest]:
+    """A store of `m:1`, whose 12 MiB layer the large-blob receiver carries."""
+    tiny = TinyStore(root)
     payload = weights(12 * MiB)
     tiny.gguf_model("m:1", payload)
-    big = Digest.of_bytes(payload)
+    return tiny, Digest.of_bytes(payload)
+
+
+def test_fails_over_from_a_dead_and_a_lying_peer(tmp_path: Path) -> None:
+    tiny, big = one_big_model(tmp_path / "a")
     b = tmp_path / "b"
     with (
         fakepeer(tiny.root, f"flip@{big.hex[:12]}") as liar,
@@ -177,10 +182,7 @@ def test_a_liars_bytes_do_not_make_an_honest_peer_a_liar(tmp_path: Path) -> None
     the rest, and the whole does not hash. Bytes that were here before the honest peer sent
     its part are what may be wrong, so the blob is fetched whole again from it: the pull
     succeeds and the honest peer is not named a liar (it was, and the model never came)."""
-    tiny = TinyStore(tmp_path / "a")
-    payload = weights(12 * MiB)
-    tiny.gguf_model("m:1", payload)
-    big = Digest.of_bytes(payload)
+    tiny, big = one_big_model(tmp_path / "a")
     b = tmp_path / "b"
     with (
         fakepeer(tiny.root, f"poison@{big.hex[:12]}#1") as liar,
