@@ -437,8 +437,9 @@ What the words mean:
     DOWN        its last listing failed (unreachable, refused, a bad answer): the reason
                 follows; its versions are not used until it answers again
     UNTRUSTED   it is not the peer the config names: no proof of the shared token,
-                it refuses the token (401: another token), or its TLS certificate
-                does not match its `pin`; nothing it lists is used
+                it refuses our proof of the token (401: another token, or an older
+                modelfs), or its TLS certificate does not match its `pin`; nothing it
+                lists is used
     listed ...  when its last listing succeeded ("never": not yet)
   peers are named by host id (as their answers give it) with their URL
   models (one column per peer; HERE is the tag's ID here, as `ls` and `show` give it,
