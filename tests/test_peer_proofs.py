@@ -56,7 +56,9 @@ def test_malformed_request_proofs_are_refused(value: str) -> None:
     assert not Access(token=TOKEN).peer_request_ok(value, "GET", "/v2/_catalog")
 
 
-def test_another_token_or_an_old_time_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_another_token_or_an_old_time_is_refused(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     access = Access(token=TOKEN)
     other = credential(peer_authorization("another-token", "GET", "/v2/_catalog"))
     assert not access.peer_request_ok(other, "GET", "/v2/_catalog")
@@ -68,6 +70,8 @@ def test_another_token_or_an_old_time_is_refused(monkeypatch: pytest.MonkeyPatch
     old = credential(peer_authorization(TOKEN, "GET", "/v2/_catalog"))
     monkeypatch.setattr(signin.time, "time", real_time)
     assert not access.peer_request_ok(old, "GET", "/v2/_catalog")
+    # A peer holding the token with a clock this far off is told why, in the server's log.
+    assert "set both hosts' clocks" in caplog.text
 
 
 def test_a_response_proof_covers_the_body() -> None:
