@@ -242,8 +242,8 @@ def test_a_relay_on_a_peer_address_learns_no_token_and_cannot_swap_a_manifest(
         assert asked and not any(s["authorization"] for s in asked), asked
 
 
-class _Hostile(BaseHTTPRequestHandler):
-    """A registry whose catalog is JSON nested deeper than Python reads, or endless."""
+class _DeepCatalog(BaseHTTPRequestHandler):
+    """A registry whose catalog is JSON nested deeper than Python reads."""
 
     protocol_version = "HTTP/1.1"
 
@@ -251,21 +251,25 @@ class _Hostile(BaseHTTPRequestHandler):
         pass
 
     def do_GET(self) -> None:
-        if self.server.server_port == _Hostile.deep_port:  # type: ignore[attr-defined]
-            body = b"[" * 200_000
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-            return
+        body = b"[" * 200_000
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+class _EndlessCatalog(_DeepCatalog):
+    """A registry whose catalog goes on for 64 MiB, four times what a listing page may be."""
+
+    def do_GET(self) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         chunk = b"[" + b" " * (1 << 20)
         try:
-            for _ in range(64):  # 64 MiB, four times what a listing page may be
+            for _ in range(64):
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
             self.wfile.write(b"0\r\n\r\n")
         except OSError:
@@ -276,8 +280,7 @@ def test_a_registry_with_a_hostile_catalog_is_an_error_not_a_crash(tmp_path: Pat
     """A catalog nested 200,000 deep (Python's JSON reader raises RecursionError) and one that
     goes on for 64 MiB are each that source's error: the daemon keeps running, its memory
     stays bounded, and the next round asks again."""
-    servers = [ThreadingHTTPServer(("127.0.0.1", 0), _Hostile) for _ in range(2)]
-    _Hostile.deep_port = servers[0].server_port  # type: ignore[attr-defined]
+    servers = [ThreadingHTTPServer(("127.0.0.1", 0), h) for h in (_DeepCatalog, _EndlessCatalog)]
     for s in servers:
         threading.Thread(target=s.serve_forever, daemon=True).start()
     deep, endless = (f"http://127.0.0.1:{s.server_port}" for s in servers)

@@ -36,8 +36,9 @@ def test_a_request_proof_is_good_for_its_method_and_path_once() -> None:
     assert not access.peer_request_ok(value, "GET", "/v2/library/gemma4/manifests/other")
     assert not access.peer_request_ok(value, "HEAD", "/v2/library/gemma4/manifests/26b")
     assert access.peer_request_ok(value, "GET", "/v2/library/gemma4/manifests/26b")
-    # A prefix before /v2/ (a reverse proxy's) is not part of what is proved.
+    # Once: the same proof again is a replay.
     assert not access.peer_request_ok(value, "GET", "/v2/library/gemma4/manifests/26b")
+    # A prefix before /v2/ (a reverse proxy's) is not part of what is proved.
     again = credential(peer_authorization(TOKEN, "GET", "/models/v2/_catalog"))
     assert access.peer_request_ok(again, "GET", "/v2/_catalog")
 

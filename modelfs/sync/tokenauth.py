@@ -222,8 +222,10 @@ class RegistryAuth(httpx.Auth):
             return
 
     # -- what to send -----------------------------------------------------------------------
-    def _is_peer(self, host: str) -> bool:
-        return self.peer_token is not None and host not in self.registries
+    def _peer_token(self, host: str) -> str | None:
+        """The token a sync daemon proves to `host`, one of its peers; None for a registry,
+        or outside a daemon."""
+        return None if host in self.registries else self.peer_token
 
     async def credentials(self, host: str) -> Credentials | None:
         try:
@@ -232,11 +234,12 @@ class RegistryAuth(httpx.Auth):
             raise PeerAuthError(f"{host}: {exc}") from None
 
     async def header(self, url: str, method: str) -> str | None:
-        """The `Authorization` for a request before any 401: a token file's, a token for the
-        scope when this host has challenged us before, Basic after a Basic challenge."""
+        """The `Authorization` for a request before any 401: a daemon's proof of its token
+        to a peer, a token file's, a token for the scope when this host has challenged us
+        before, Basic after a Basic challenge."""
         host = origin(url)
-        if self._is_peer(host):
-            return peer_authorization(self.peer_token or "", method, urlsplit(url).path)
+        if (token := self._peer_token(host)) is not None:
+            return peer_authorization(token, method, urlsplit(url).path)
         explicit = self.logins.explicit
         challenge = self._challenges.get(host)
         if challenge is None:
@@ -259,7 +262,7 @@ class RegistryAuth(httpx.Auth):
         """The `Authorization` to send again with after a 401 carrying `challenges`, or None
         when there is nothing better to send than what was sent (`sent`)."""
         host = origin(url)
-        if self._is_peer(host):
+        if self._peer_token(host) is not None:
             return None  # a peer takes our proof or nothing; no realm it names gets more
         for challenge in challenges:
             realm = challenge.params.get("realm", "")
