@@ -101,7 +101,12 @@ class Daemon:
 
 @contextmanager
 def daemon(
-    tmp: Path, name: str, *, env: dict[str, str] | None = None, **keys: Any
+    tmp: Path,
+    name: str,
+    *,
+    env: dict[str, str] | None = None,
+    args: tuple[str, ...] = (),
+    **keys: Any,
 ) -> Iterator[Daemon]:
     port = free_port()
     keys.setdefault("listen", f"127.0.0.1:{port}")
@@ -109,7 +114,7 @@ def daemon(
     config = write_config(tmp / f"{name}.toml", **keys)
     log = tmp / f"{name}.log"
     proc = subprocess.Popen(
-        [MODELFS, "sync", "--config", str(config)],
+        [MODELFS, "sync", "--config", str(config), *args],
         stdout=subprocess.DEVNULL,
         stderr=open(log, "wb"),  # noqa: SIM115 - the child owns it
         cwd=REPO,

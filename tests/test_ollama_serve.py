@@ -12,13 +12,14 @@ import base64
 import hashlib
 import json
 import shutil
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import quote_plus, urlsplit
 
 import httpx
 import pytest
@@ -26,6 +27,7 @@ import pytest
 from modelfs.demo import GEMMA, LLAMA, QWEN, SMOL, TINY, DemoStore, build_demo_store
 from modelfs.store.digest import Digest
 from modelfs.store.layout import Layout
+from modelfs.sync.realm import service_of
 from modelfs.sync.server import RegistryApp
 from tests.builders import TinyStore
 from tests.ollama import EMPTY_BODY, MIN_PART, USER_AGENT, OllamaClient, OllamaError
@@ -34,6 +36,8 @@ from tests.test_daemon import daemon
 from tests.test_serve_process import MODELFS, read_line, stop
 
 SKOPEO = shutil.which("skopeo")
+# The service a server started here hands out in its challenge, which a sign-in must name.
+SERVICE = service_of(socket.gethostname())
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +186,7 @@ def test_ollama_signs_in_with_its_key(
         r = http.get(f"{server.url}/v2/library/llama3.2/manifests/3b")
         assert r.status_code == 401
         assert r.headers["www-authenticate"] == (
-            f'Bearer realm="{server.url}/modelfs/v1/token",service="modelfs",'
+            f'Bearer realm="{server.url}/modelfs/v1/token",service="{SERVICE}",'
             'scope="repository:library/llama3.2:pull"'
         )
         ollama.pull(f"{server.hostport}/library/llama3.2:3b", insecure=True)
@@ -203,7 +207,7 @@ def signed_request(
 ) -> tuple[str, str]:
     """The token URL and Authorization Ollama would send (auth.go:53-75)."""
     url = client.challenge_url(
-        f"{server.url}/modelfs/v1/token", "modelfs", "repository:x/y:pull", ts=ts
+        f"{server.url}/modelfs/v1/token", SERVICE, "repository:x/y:pull", ts=ts
     )
     return url, client.sign(f"GET,{url},{EMPTY_BODY}".encode())
 
@@ -469,11 +473,12 @@ def test_the_signed_bytes_are_ollamas(
     with serving(demo.root, tmp_path, "--authorized-keys", str(keys_file(tmp_path, ollama))) as s:
         url = (
             f"{s.url}/modelfs/v1/token?nonce=q83vEjRWeJA&"
-            f"scope=repository%3Alibrary%2Fllama3.2%3Apull&service=modelfs&ts={int(time.time())}"
+            "scope=repository%3Alibrary%2Fllama3.2%3Apull&"
+            f"service={quote_plus(SERVICE)}&ts={int(time.time())}"
         )
         assert (
             ollama.challenge_url(
-                f"{s.url}/modelfs/v1/token", "modelfs", "repository:library/llama3.2:pull"
+                f"{s.url}/modelfs/v1/token", SERVICE, "repository:library/llama3.2:pull"
             )
             .split("&scope=")[1]
             .startswith("repository%3Alibrary%2Fllama3.2%3Apull&service=")

@@ -1,15 +1,18 @@
 """sync.signin's proofs between sync daemons that share a token: a request's proof is good
-for its method and path, within the time window, once; a response's proof covers its body.
+for its method, path and query, within the time window, once; a response's proof covers its body.
 Pure functions and the server's Access object: the daemons themselves are in
 tests/test_daemon_trust.py."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
+import httpx
 import pytest
 
 from modelfs.sync import signin
+from modelfs.sync.server import RegistryApp
 from modelfs.sync.signin import (
     PEER_SCHEME,
     TS_WINDOW,
@@ -18,6 +21,7 @@ from modelfs.sync.signin import (
     peer_authorization,
     proof_ok,
 )
+from tests.builders import TinyStore
 
 TOKEN = "c2hhcmVkLWJ5LWV2ZXJ5LWhvc3Q="
 
@@ -41,6 +45,25 @@ def test_a_request_proof_is_good_for_its_method_and_path_once() -> None:
     # A prefix before /v2/ (a reverse proxy's) is not part of what is proved.
     again = credential(peer_authorization(TOKEN, "GET", "/models/v2/_catalog"))
     assert access.peer_request_ok(again, "GET", "/v2/_catalog")
+
+
+def test_a_request_proof_covers_the_query() -> None:
+    """A listing's `n` and `last` choose what it answers: a proof made for one page is no
+    proof for another, nor for the path alone; the query is proved as sent, encoded."""
+    target = "/v2/_catalog?n=100&last=library%2Fgemma4"
+    value = credential(peer_authorization(TOKEN, "GET", target))
+    for other in (
+        "/v2/_catalog",
+        "/v2/_catalog?n=100",
+        "/v2/_catalog?n=1000&last=library%2Fgemma4",
+        "/v2/_catalog?n=100&last=library/gemma4",
+        "/v2/_catalog?last=library%2Fgemma4&n=100",
+    ):
+        assert not Access(token=TOKEN).peer_request_ok(value, "GET", other), other
+    assert Access(token=TOKEN).peer_request_ok(value, "GET", target)
+    # Behind a prefix the query stays what it was.
+    again = credential(peer_authorization(TOKEN, "GET", "/models" + target))
+    assert Access(token=TOKEN).peer_request_ok(again, "GET", target)
 
 
 @pytest.mark.parametrize(
@@ -85,3 +108,17 @@ def test_a_response_proof_covers_the_body() -> None:
     assert not proof_ok(TOKEN, new_nonce(), path, proof, b'{"the":"manifest"}')
     assert not proof_ok("another-token", nonce, path, proof, b'{"the":"manifest"}')
     assert Access(token=None, keys_path=None).prove(nonce, path, b"") is None
+
+
+async def test_the_server_proves_the_query_it_was_sent(tmp_path: Path) -> None:
+    """Through RegistryApp: a proof made for one page of the catalog does not let in a
+    request for another."""
+    app = RegistryApp(TinyStore(tmp_path / "models").layout, token=TOKEN)
+    transport = httpx.ASGITransport(app, client=("10.0.0.9", 40000))
+    async with httpx.AsyncClient(transport=transport, base_url="http://peer") as c:
+        proof = peer_authorization(TOKEN, "GET", "/v2/_catalog?n=1")
+        r = await c.get("/v2/_catalog?n=1000", headers={"Authorization": proof})
+        assert r.status_code == 401
+        proof = peer_authorization(TOKEN, "GET", "/v2/_catalog?n=1")
+        r = await c.get("/v2/_catalog?n=1", headers={"Authorization": proof})
+        assert r.status_code == 200

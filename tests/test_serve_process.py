@@ -12,6 +12,7 @@ import os
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -23,6 +24,7 @@ import pytest
 
 from modelfs.demo import GEMMA, DemoStore, build_demo_store
 from modelfs.store.layout import Layout
+from modelfs.sync.realm import service_of
 
 MODELFS = str(Path(sys.executable).with_name("modelfs"))
 CURL = shutil.which("curl")
@@ -190,7 +192,8 @@ def test_token_file(demo: DemoStore, tmp_path: Path) -> None:
     with served(demo.root, "--token-file", str(token_file)) as (url, _):
         assert curl_status(f"{url}/v2/") == 401
         r = curl("-D", "-", "-o", os.devnull, f"{url}/v2/")
-        realm = f'www-authenticate: bearer realm="{url}/modelfs/v1/token",service="modelfs"'
+        service = service_of(socket.gethostname())
+        realm = f'www-authenticate: bearer realm="{url}/modelfs/v1/token",service="{service}"'
         assert realm in r.stdout.decode().lower()
         assert curl_status("-H", "Authorization: Bearer wrong", f"{url}/v2/") == 401
         assert curl_status("-H", "Authorization: Bearer t0ken-abc", f"{url}/v2/") == 200

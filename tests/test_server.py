@@ -11,6 +11,7 @@ import base64
 import builtins
 import json
 import os
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -37,6 +38,7 @@ from modelfs.store.errors import (
 )
 from modelfs.store.layout import Layout
 from modelfs.store.manifest import MEDIA_LIST, MEDIA_MANIFEST
+from modelfs.sync.realm import service_of
 from modelfs.sync.server import HTTPError, RegistryApp, error_status, parse_range, split_path
 from tests.builders import TinyStore
 
@@ -945,7 +947,8 @@ async def test_token_is_required(tiny: TinyStore) -> None:
                 assert r.status_code == 401, (headers, path)
                 # An absolute realm on the request's own host, which Ollama requires.
                 assert r.headers["www-authenticate"].startswith(
-                    'Bearer realm="http://modelfs/modelfs/v1/token",service="modelfs"'
+                    'Bearer realm="http://modelfs/modelfs/v1/token",'
+                    f'service="{service_of(socket.gethostname())}"'
                 )
                 assert error_code(r) == "UNAUTHORIZED"
         for headers in (

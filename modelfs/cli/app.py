@@ -205,6 +205,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         prefer=args.prefer,
         mirror=args.mirror,
         mirror_ttl=args.mirror_ttl,
+        public_urls=args.public_url,
         ready=ready,
     )
     return 0
@@ -637,6 +638,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--tls-cert", metavar="F", type=Path, help="serve HTTPS with this certificate")
     p.add_argument("--tls-key", metavar="F", type=Path, help="the certificate's private key")
+    p.add_argument(
+        "--public-url",
+        metavar="URL",
+        action="append",
+        default=[],
+        help="a URL clients reach this server by besides its hostname, listen address and "
+        "certificate names (a reverse proxy, a port forward): Ollama sign-ins signed for "
+        "any other count for nothing; repeat for several",
+    )
     p.add_argument(
         "--print-pin",
         action="store_true",

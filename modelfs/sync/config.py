@@ -25,6 +25,7 @@ from modelfs.store.scan import DEFAULT_PREFER
 from modelfs.sync.errors import SyncError
 from modelfs.sync.mirror import DEFAULT_TTL as MIRROR_TTL
 from modelfs.sync.pins import parse_pin
+from modelfs.sync.realm import parse_public_url
 from modelfs.sync.serve import DEFAULT_PORT, ServeError, parse_listen
 
 T = TypeVar("T")
@@ -68,6 +69,8 @@ class SyncConfig:
     authorized_keys: Path | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    # Where clients reach this host besides its own names (serve --public-url).
+    public_urls: tuple[str, ...] = ()
     peers: tuple[str, ...] = ()
     pins: Mapping[str, str] = field(default_factory=dict)  # peer URL -> its pin (sync.pins)
     registries: tuple[str, ...] = ()  # OCI registries: sources that prove no modelfs token
@@ -179,6 +182,11 @@ def _url(text: str) -> str:
     return text.rstrip("/")
 
 
+def _public_url(text: str) -> str:
+    parse_public_url(text)  # ValueError, said for the key
+    return text
+
+
 def _pattern(text: str) -> str:
     """A glob over model names (`gemma4:*`, `hf.co/*`), matched against the shortest form."""
     if any(c.isspace() or not c.isprintable() for c in text):
@@ -212,6 +220,7 @@ def load_config(path: str | os.PathLike[str]) -> SyncConfig:
     tls_key = r.convert("tls_key", None, Path)
     if (tls_cert is None) != (tls_key is None):
         raise r.fail("tls_cert", "tls_cert and tls_key go together")
+    public_urls = tuple(_checked(r, "public_urls", _public_url))
     peers, pins = _peers(r)
     registries = tuple(_checked(r, "registries", _url))
     replicate = tuple(_checked(r, "replicate", _pattern))
@@ -249,6 +258,7 @@ def load_config(path: str | os.PathLike[str]) -> SyncConfig:
         authorized_keys=authorized_keys,
         tls_cert=tls_cert,
         tls_key=tls_key,
+        public_urls=public_urls,
         peers=peers,
         pins=pins,
         registries=registries,

@@ -65,7 +65,7 @@ from modelfs.sync.mirror import Mirror
 from modelfs.sync.pins import UNPINNED, pin_of_cert_file
 from modelfs.sync.progress import TallyProgress
 from modelfs.sync.pull import PullOptions, pull, pull_lease
-from modelfs.sync.serve import serve
+from modelfs.sync.serve import serve, server_names
 from modelfs.sync.server import RegistryApp
 from modelfs.sync.threads import run_unwrapped
 
@@ -244,6 +244,7 @@ class Daemon:
             "token_file",
             "tls_cert",
             "tls_key",
+            "public_urls",
             "host_id",
             "mirror",
             "mirror_ttl",
@@ -279,6 +280,8 @@ class Daemon:
             authorized_keys=config.authorized_keys,
             prefer=config.prefer,
             host_id=config.host_id,
+            names=server_names(config.listen, config.tls_cert),
+            public_urls=config.public_urls,
         )
         self.app = app
         app.extra_status = self.status

@@ -70,6 +70,22 @@ def pin_of_cert_file(path: str | os.PathLike[str]) -> str:
     return pin_of_der(cert.public_bytes(Encoding.DER))
 
 
+def names_of_cert_file(path: str | os.PathLike[str]) -> list[str]:
+    """The DNS names and addresses the (first) certificate in a PEM file is for: its subject
+    alternative names, else its common name; [] if it cannot be read (check_tls says why)."""
+    try:
+        cert = x509.load_pem_x509_certificates(Path(path).read_bytes()[:MAX_CERT_BYTES])[0]
+    except (OSError, ValueError):
+        return []
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        common = cert.subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)
+        return [str(a.value) for a in common]
+    addresses = map(str, san.get_values_for_type(x509.IPAddress))
+    return [*san.get_values_for_type(x509.DNSName), *addresses]
+
+
 class PinMismatch(ssl.SSLCertVerificationError):
     """The peer's certificate is not the pinned one (or it sent none)."""
 

@@ -42,7 +42,7 @@ from hypercorn.config import Config
 from modelfs.runtime.groups import unwrapped
 from modelfs.sync.credentials import read_credentials
 from modelfs.sync.errors import SyncError
-from modelfs.sync.pins import pin_of_cert_file
+from modelfs.sync.pins import names_of_cert_file, pin_of_cert_file
 from modelfs.sync.zerocopy import serve_hypercorn
 
 log = logging.getLogger(__name__)
@@ -218,6 +218,16 @@ async def serve(
 DEFAULT_PORT = 11500
 
 
+def server_names(listen: str, tls_cert: str | os.PathLike[str] | None) -> list[str]:
+    """The names a server answers to besides its hostname and the address a client reached
+    (sync.realm): its listen address, unless a wildcard, and its certificate's names."""
+    host, _ = parse_listen(listen)
+    names = [] if host in ("0.0.0.0", "::", "") else [host]
+    if tls_cert is not None:
+        names += names_of_cert_file(tls_cert)
+    return names
+
+
 def default_listen(*, token: bool) -> str:
     """Loopback unless a token or keys guard the server: without either only loopback
     clients are served anyway, so listening wider would only expose a port that answers 403."""
@@ -247,12 +257,14 @@ def run_server(
     prefer: Sequence[str] | None = None,
     mirror: str | None = None,
     mirror_ttl: float | None = None,
+    public_urls: Sequence[str] = (),
     ready: Callable[[str], None] | None = None,
 ) -> None:
     """`modelfs serve`: serve the store at `root` until SIGTERM or SIGINT; with `mirror`, a
     pull-through cache of that registry (sync.mirror), signing in with docker's credentials.
 
     `ready(url)` is called once the socket is bound (the CLI prints `listening on URL`).
+    `public_urls`: where clients reach it besides its own names (a proxy, a port forward).
     """
     from modelfs.store.layout import Layout
     from modelfs.store.scan import DEFAULT_PREFER
@@ -277,9 +289,13 @@ def run_server(
             token=token,
             authorized_keys=authorized_keys,
             prefer=prefer or DEFAULT_PREFER,
+            names=server_names(listen, tls_cert),
+            public_urls=public_urls,
         )
     except AccessConfigError as exc:
         raise ServeError(str(exc)) from None
+    except ValueError as exc:  # a public URL that is not one
+        raise ServeError(f"--public-url {exc}") from None
     if mirror is not None:
         from modelfs.sync.credentials import Logins
         from modelfs.sync.mirror import DEFAULT_TTL, Mirror

@@ -103,13 +103,14 @@ from modelfs.sync.protocol import (
     NAMES_FIELD,
     name_from_repository,
 )
+from modelfs.sync.realm import Realm
 from modelfs.sync.registry_names import RegistryNameError, repository_for
 from modelfs.sync.signin import (
     MAX_NONCE,
     PEER_SCHEME,
     PROOF_HEADER,
     PROOF_NONCE_HEADER,
-    SERVICE,
+    STATIC_GRANT,
     TOKEN_PATH,
     Access,
     Refused,
@@ -215,6 +216,11 @@ class Request:
     host: str = "localhost"  # the Host header when it is a plain host[:port]; else our address
     raw_query: str = ""
     zerocopy: bool = False  # the server takes `http.response.zerocopysend` (sync.zerocopy)
+    local: tuple[str, int] | None = None  # the address and port the connection reached
+    # Set by check_access: the grant the request came with (signin.STATIC_GRANT or a key
+    # id; None when only loopback is served), and the signed URL it used, if it used one.
+    grant: str | None = None
+    signed_url: str | None = None
 
     @classmethod
     def from_scope(cls, scope: Scope) -> Request:
@@ -238,9 +244,11 @@ class Request:
         except ValueError:
             query = {"\0": ""}  # too many fields: no handler accepts this key
         client = scope.get("client")
+        server = scope.get("server")
+        local = (str(server[0]), int(server[1])) if server and server[1] is not None else None
         host = headers.get("host", "")
         if _HOST_HEADER.fullmatch(host) is None:
-            addr, port = scope.get("server") or ("localhost", None)
+            addr, port = server or ("localhost", None)
             addr = f"[{addr}]" if ":" in addr else addr
             host = addr if port is None else f"{addr}:{port}"
         return cls(
@@ -253,7 +261,14 @@ class Request:
             host=host,
             raw_query=qs,
             zerocopy=ZEROCOPY in (scope.get("extensions") or {}),
+            local=local,
         )
+
+    @property
+    def target(self) -> str:
+        """The path and query as sent."""
+        path = self.raw_path.decode("latin-1")
+        return f"{path}?{self.raw_query}" if self.raw_query else path
 
 
 def split_path(raw_path: bytes) -> list[str]:
@@ -518,12 +533,20 @@ class RegistryApp:
         host_id: str | None = None,
         refresh_interval: float = REFRESH_INTERVAL,
         zstd: bool = True,
+        names: Sequence[str] = (),
+        public_urls: Sequence[str] = (),
     ) -> None:
+        """`names` and `public_urls` are what, besides its hostname and the address a client
+        reached, this server answers to: a signature made for anything else buys no token."""
         self.layout = layout
         self._root = os.path.abspath(layout.root)
-        self.access = Access(token=token, keys_path=authorized_keys)
-        self.prefer = tuple(prefer)
         self.host_id = host_id or socket.gethostname()
+        self.access = Access(
+            token=token,
+            keys_path=authorized_keys,
+            realm=Realm(self.host_id, names=names, public_urls=public_urls),
+        )
+        self.prefer = tuple(prefer)
         self.refresh_interval = refresh_interval
         self.zstd = zstd
         self.stats = Stats()
@@ -618,7 +641,7 @@ class RegistryApp:
             method = request.method if request.method in KNOWN_METHODS else "OTHER"
             self.stats.requests[(method, status or 500)] += 1
             log.debug(
-                "%s %s %s %d bytes %.3f s",
+                "%s %s %s %d %d bytes %.3f s",
                 request.client,
                 request.method,
                 _show(request),
@@ -658,22 +681,26 @@ class RegistryApp:
         header = request.headers.get("authorization", "")
         scheme, _, value = header.strip().partition(" ")
         if scheme == PEER_SCHEME and self.access.peer_request_ok(
-            value, request.method, request.raw_path.decode("latin-1")
+            value, request.method, request.target
         ):
+            request.grant = STATIC_GRANT
             return
         given = _credential(header)
-        if given is not None and self.access.bearer_ok(given):
+        if given is not None and (grant := self.access.bearer_grant(given)) is not None:
+            request.grant = grant
             return
         if "signature" in request.query and request.method in READ_ONLY_METHODS:
             try:
-                self.access.url_ok(
+                request.signed_url = self.access.url_grant(
                     request.raw_path.decode("latin-1"),
                     request.query.get("expires", ""),
+                    request.query.get("grant", ""),
                     request.query["signature"],
                 )
             except Refused as exc:
                 log.warning("signed URL from %s refused: %s", request.client, exc)
                 raise self._unauthorized(request, f"signed URL refused: {exc.reason}") from None
+            request.grant = request.query["grant"]
             return
         if header:
             log.info("%s %s: credential not accepted", request.client, _show(request))
@@ -681,9 +708,10 @@ class RegistryApp:
 
     def _unauthorized(self, request: Request, message: str) -> HTTPError:
         """A 401 whose challenge Ollama and Docker clients can follow: an absolute realm on
-        the request's own scheme, host and port (Ollama requires the host, auth.go:60)."""
-        realm = f"{request.scheme}://{request.host}{TOKEN_PATH}"
-        challenge = f'Bearer realm="{realm}",service="{SERVICE}"'
+        the request's own scheme, host and port (Ollama requires the host, auth.go:59-62),
+        and this server's own service, which a signature must name to count."""
+        realm = f"{self.access.realm.origin(request.scheme, request.host)}{TOKEN_PATH}"
+        challenge = f'Bearer realm="{realm}",service="{self.access.realm.service}"'
         parts = request.raw_path.decode("latin-1").split("/")
         if len(parts) >= 6 and parts[1] == "v2" and parts[-2] in ("manifests", "blobs"):
             repository = "/".join(parts[2:-2])
@@ -700,7 +728,7 @@ class RegistryApp:
                 given = _credential(header)
                 if given is None or not self.access.static_ok(given):
                     raise Refused("credential not accepted")
-                key_id = "static"
+                key_id = STATIC_GRANT
             else:
                 key_id = self.access.sign_in(
                     SignInRequest(
@@ -710,6 +738,7 @@ class RegistryApp:
                         raw_query=request.raw_query,
                         authorization=header,
                         client=request.client,
+                        local=request.local,
                     )
                 )
         except Refused as exc:
@@ -925,6 +954,16 @@ class RegistryApp:
         finally:
             os.close(blob.fd)
 
+    def _location(self, request: Request, path: str) -> str:
+        """Where Ollama sends a blob's parts: the path itself when only loopback is served;
+        the signed URL the request came by (never a fresh one, or a URL fetched again now
+        and then would live for ever); else a new one for the request's grant."""
+        if request.grant is None:
+            return path
+        if request.signed_url is not None:
+            return request.signed_url
+        return self.access.sign_path(path, request.grant)
+
     async def _send_blob(
         self,
         request: Request,
@@ -948,7 +987,7 @@ class RegistryApp:
             (DIGEST_HEADER, str(digest)),
             ("Accept-Ranges", "bytes"),
             # Where Ollama's parts go, without Authorization (download.go:270, 345).
-            ("Location", self.access.sign_path(path) if self.access.enabled else path),
+            ("Location", self._location(request, path)),
         ]
         if compressible:
             headers.append(("Vary", "Accept-Encoding"))

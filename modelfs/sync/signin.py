@@ -2,14 +2,16 @@
 
     access = Access(token="s3cret", keys_path="/etc/modelfs/authorized_keys")
     access.enabled                          any credential configured (else: loopback only)
-    access.bearer_ok(value)                 the static token, or a token this server issued
-    access.sign_in(SignInRequest(...))      Ollama's signed token request -> {"token": ...}
-    access.sign_path(path) / url_ok(path, query)   capability URLs for blob parts
+    access.bearer_grant(value)              the grant of the static token or of a token this
+                                            server issued (None: neither)
+    access.sign_in(SignInRequest(...))      Ollama's signed token request -> its key's id
+    access.sign_path(path, grant) / url_grant(path, expires, grant, signature)
+                                            capability URLs for blob parts
 
 Ollama signs in the way its registry expects (ollama/ollama fb30760 server/auth.go:28-99,
 auth/auth.go:53-85): on a 401 it reads `realm`, `service` and `scope` from the challenge
 (server/images.go:1414-1445), requires the realm on the request's own host and port
-(server/auth.go:60), adds `service`, `scope`, `ts` (Unix seconds) and `nonce` to the realm's
+(server/auth.go:59-62), adds `service`, `scope`, `ts` (Unix seconds) and `nonce` to the realm's
 query (url.Values.Encode, keys sorted), and sends `GET <that URL>` with
 
     Authorization: <base64 of its ssh-ed25519 public key blob>:<base64 ed25519 signature>
@@ -20,10 +22,15 @@ Ollama's blob part requests carry no Authorization at all (server/download.go:34
 authenticated blob GET is answered with a `Location` on the same path plus `expires` and
 `signature` query parameters (server/download.go:270 reads it), which alone let the parts in.
 
+A signature counts only when it was made for this server's own realm (sync.realm): the URL
+it covers names a host and port this server answers to and this server's own `service`.
+
 Issued tokens and signed URLs are HMACs under a secret made when the server starts: they are
 good on this server only, and a restart ends them (Ollama signs in again by itself; a blob it
-was halfway through fails and the next `ollama pull` starts it over). A token also names the
-key it was issued to and stops working when that key leaves the keys file.
+was halfway through fails and the next `ollama pull` starts it over). Each names its grant,
+the key it was issued to (or `static`, the token file's), and stops working when that key
+leaves the keys file. A signed URL keeps the expiry it was issued with: answers to it carry
+that same URL, never a fresh one, so no URL lives longer than SIGNED_URL_TTL.
 
 The keys file is read again when its stat (inode, size, mtime) changes, so adding or removing a
 key needs no restart. Ed25519 verification is the `cryptography` package's.
@@ -38,10 +45,11 @@ import hmac
 import logging
 import os
 import secrets
+import socket
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, quote
 
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -49,11 +57,12 @@ from cryptography.hazmat.primitives.serialization import load_ssh_public_key
 
 from modelfs.store.fileio import read_file
 from modelfs.sync.errors import SyncError
+from modelfs.sync.realm import Realm
 
 log = logging.getLogger(__name__)
 
 TOKEN_PATH = "/modelfs/v1/token"
-SERVICE = "modelfs"
+STATIC_GRANT = "static"  # what the token file's holders (and daemons proving it) are granted
 TOKEN_TTL = 300  # seconds an issued bearer token is good for; Ollama signs in again after
 # A blob's parts all go to the one URL Ollama got before the first part (download.go:231-275),
 # so the URL must outlive the slowest whole-blob download we want to allow: 40 GB at ~2 MB/s.
@@ -186,6 +195,7 @@ class SignInRequest:
     raw_query: str
     authorization: str
     client: str | None
+    local: tuple[str, int] | None = None  # the address and port the connection reached
 
 
 def token_hash(token: str | bytes) -> bytes:
@@ -201,6 +211,7 @@ class Access:
         keys_path: str | os.PathLike[str] | None = None,
         token_ttl: float = TOKEN_TTL,
         url_ttl: float = SIGNED_URL_TTL,
+        realm: Realm | None = None,
     ) -> None:
         # Only a hash of the static token is kept; comparing hashes takes the same time
         # whatever the length or prefix of what a client sends.
@@ -208,6 +219,7 @@ class Access:
         self.keys = AuthorizedKeys(keys_path) if keys_path is not None else None
         self.token_ttl = token_ttl
         self.url_ttl = url_ttl
+        self.realm = realm if realm is not None else Realm(socket.gethostname())
         self._secret = secrets.token_bytes(32)
         self._nonces: OrderedDict[tuple[bytes, str], float] = OrderedDict()
         self._peer_nonces: OrderedDict[str, float] = OrderedDict()
@@ -227,24 +239,30 @@ class Access:
             token_hash(given), self._token_hash
         )
 
-    def bearer_ok(self, given: str) -> bool:
-        """The static token, or an unexpired token this server issued to a key still in
-        the file (or to a holder of the static token)."""
+    def bearer_grant(self, given: str) -> str | None:
+        """The grant of the static token, or of an unexpired token this server issued to a
+        key still in the file (or to a holder of the static token); None for anything else."""
         if self.static_ok(given):
-            return True
+            return STATIC_GRANT
         parts = given.split(".")
         if len(parts) != 4 or parts[0] != "mf1" or not parts[1].isdigit():
-            return False
+            return None
         _, expires, key_id, mac = parts
         if not hmac.compare_digest(mac, self._mac("token", expires, key_id)):
-            return False
+            return None
         if int(expires) < time.time():
             log.info("an issued token expired; the client signs in again")
-            return False
-        if key_id == "static":
+            return None
+        return key_id if self.grant_alive(key_id) else None
+
+    def grant_alive(self, grant: str) -> bool:
+        """Does what `grant` was given to still hold: the token file (it is read once, so
+        only a restart with another file ends it, and with it every grant), or the key, still
+        in the keys file?"""
+        if grant == STATIC_GRANT:
             return self._token_hash is not None
         keys = self.keys.current() if self.keys is not None else {}
-        return any(k.key_id == key_id for k in keys.values())
+        return any(k.key_id == grant for k in keys.values())
 
     def issue(self, key_id: str) -> dict[str, object]:
         """The token endpoint's answer, in the shape Docker's token flow and Ollama read."""
@@ -263,6 +281,7 @@ class Access:
         """The key id a signed token request proves, or Refused."""
         if self.keys is None:
             raise Refused("this server takes no key sign-in (no authorized keys)")
+        realm = self.realm
         if len(req.authorization) > MAX_CREDENTIAL or req.authorization.count(":") != 1:
             raise Refused("Authorization is not <public key>:<signature>")
         key_text, _, sig_text = req.authorization.strip().partition(":")
@@ -275,17 +294,33 @@ class Access:
         if key is None:
             raise Refused(f"key {_fingerprint(blob)} is not authorized", f"not in {self.keys.path}")
         who = f"{key.fingerprint} {key.comment}".strip()
-        url = f"{req.scheme}://{req.host}{req.raw_path}"
+        origin = realm.origin(req.scheme, req.host)
+        url = f"{origin}{req.raw_path}"
         if req.raw_query:
             url += f"?{req.raw_query}"
         try:
             key.key.verify(signature, f"GET,{url},{EMPTY_BODY}".encode())
         except InvalidSignature:
             raise Refused("bad signature", f"{who}, over GET {url}") from None
+        # Signed, so the key's holder asked `origin` for a token: counted only when that is
+        # us (sync.realm), or what it signed for another registry would buy a token here.
+        if not realm.ours(req.scheme, req.host, req.local):
+            raise Refused(
+                f"signed for {origin[:200]}, which is not this server",
+                f"{who}; this server answers to {realm.describe(req.local)}; "
+                "name others with --public-url",
+            )
         try:
             query = parse_qs(req.raw_query, keep_blank_values=True, max_num_fields=32)
         except ValueError:
             raise Refused("too many query parameters", who) from None
+        services = query.get("service", [])
+        if services != [realm.service]:
+            raise Refused(
+                f"signed for service {','.join(services)[:100]!r}, not this server's "
+                f"{realm.service!r}",
+                f"{who}, at {origin[:200]}",
+            )
         ts_text = query.get("ts", [""])[0]
         nonce = query.get("nonce", [""])[0]
         now = time.time()
@@ -315,27 +350,37 @@ class Access:
             del self._nonces[first]
 
     # -- signed blob URLs ------------------------------------------------------------------
-    def sign_path(self, path: str) -> str:
-        """`path?expires=…&signature=…`: lets GETs of exactly this path in until then."""
-        expires = str(int(time.time() + self.url_ttl))
-        return f"{path}?expires={expires}&signature={self._mac('url', expires, path)}"
+    def sign_path(self, path: str, grant: str) -> str:
+        """`path?expires=…&grant=…&signature=…`: lets reads of exactly this path in until
+        then, while `grant` holds (grant_alive)."""
+        return signed_url(path, str(int(time.time() + self.url_ttl)), grant, self._secret)
 
-    def url_ok(self, path: str, expires: str, signature: str) -> None:
-        """Nothing for a good, unexpired signed URL; Refused otherwise."""
-        if not expires.isdigit() or not hmac.compare_digest(
-            signature, self._mac("url", expires, path)
+    def url_grant(self, path: str, expires: str, grant: str, signature: str) -> str:
+        """The canonical signed URL of a good, unexpired one whose grant holds; Refused
+        otherwise."""
+        if (
+            not expires.isdigit()
+            or len(expires) > 12
+            or len(grant) > MAX_NONCE
+            or not hmac.compare_digest(signature, self._mac("url", expires, f"{grant}\n{path}"))
         ):
             raise Refused("it does not match its signature", path[:200])
         if int(expires) < time.time():
             raise Refused("it expired", path[:200])
+        if not self.grant_alive(grant):
+            raise Refused(
+                "the key it was given to is no longer authorized", f"{grant}, {path[:200]}"
+            )
+        return signed_url(path, expires, grant, self._secret)
 
     def _mac(self, purpose: str, expires: str, subject: str) -> str:
         return _mac(self._secret, purpose, expires, subject)
 
     # -- peers ---------------------------------------------------------------------------
-    def peer_request_ok(self, credential: str, method: str, path: str) -> bool:
+    def peer_request_ok(self, credential: str, method: str, target: str) -> bool:
         """Is `credential` (after PEER_SCHEME) a sync daemon's proof that it holds the static
-        token, made for this request (`peer_authorization`), fresh and not seen before?"""
+        token, made for this request (`peer_authorization`: method, path and query), fresh
+        and not seen before?"""
         if self._token_hash is None or len(credential) > MAX_CREDENTIAL:
             return False
         parts = credential.strip().split(".")
@@ -344,7 +389,9 @@ class Access:
         ts, nonce, mac = parts
         if not ts.isdigit() or len(ts) > 12 or not 0 < len(nonce) <= MAX_NONCE:
             return False
-        expected = _mac(self._token_hash, "peer-request", f"{ts}.{nonce}", _subject(method, path))
+        expected = _mac(
+            self._token_hash, "peer-request", f"{ts}.{nonce}", _subject(method, target)
+        )
         if not hmac.compare_digest(mac.encode(), expected.encode()):
             return False
         now = time.time()
@@ -377,6 +424,11 @@ class Access:
         return _mac(self._token_hash, "peer-proof", nonce, _proven(path, body))
 
 
+def signed_url(path: str, expires: str, grant: str, secret: bytes) -> str:
+    mac = _mac(secret, "url", expires, f"{grant}\n{path}")
+    return f"{path}?expires={expires}&grant={quote(grant, safe='')}&signature={mac}"
+
+
 def _mac(key: bytes, purpose: str, nonce: str, subject: str) -> str:
     data = f"{purpose}\n{nonce}\n{subject}".encode()
     digest = hmac.new(key, data, hashlib.sha256).digest()
@@ -385,9 +437,9 @@ def _mac(key: bytes, purpose: str, nonce: str, subject: str) -> str:
 
 # Sync daemons that share a token never send it to each other; each side proves it holds it.
 # A request carries `Authorization: Modelfs-Peer <ts>.<nonce>.<mac>`, an HMAC keyed by the
-# token's sha256 over the time, a fresh nonce, the method and the path: good for that request
-# only, within TS_WINDOW of the server's clock, once (a server remembers the nonces it took).
-# A daemon takes a peer's catalog and manifests only when the answer carries
+# token's sha256 over the time, a fresh nonce, the method, the path and the query: good for
+# that request only, within TS_WINDOW of the server's clock, once (a server remembers the
+# nonces it took). A daemon takes a peer's catalog and manifests only when the answer carries
 # `Modelfs-Peer-Proof`, an HMAC of another fresh nonce it sent, the path and the sha256 of the
 # body, checked before the body is used. Anything else that listens on a peer's address (a
 # tokenless `modelfs serve`, one with another token) learns no token from what it is sent,
@@ -419,16 +471,20 @@ def proof_ok(token: str, nonce: str, path: str, given: str | None, body: bytes) 
     return hmac.compare_digest(given.strip().encode(), expected.encode())
 
 
-def peer_authorization(token: str, method: str, path: str) -> str:
+def peer_authorization(token: str, method: str, target: str) -> str:
     """The `Authorization` a sync daemon sends a peer: proof that it holds `token`, made for
-    this one request (`Access.peer_request_ok`), never the token itself."""
+    this one request (`Access.peer_request_ok`; `target` is the path and query as sent), never
+    the token itself."""
     ts, nonce = str(int(time.time())), new_nonce()
-    mac = _mac(token_hash(token), "peer-request", f"{ts}.{nonce}", _subject(method, path))
+    mac = _mac(token_hash(token), "peer-request", f"{ts}.{nonce}", _subject(method, target))
     return f"{PEER_SCHEME} {ts}.{nonce}.{mac}"
 
 
-def _subject(method: str, path: str) -> str:
-    return f"{method.upper()} {proof_path(path.partition('?')[0])}"
+def _subject(method: str, target: str) -> str:
+    """What a peer request's proof covers: the method and the whole request target, the
+    query too (a listing's `n` and `last` choose what it answers)."""
+    path, mark, query = target.partition("?")
+    return f"{method.upper()} {proof_path(path)}{mark}{query}"
 
 
 def _proven(path: str, body: bytes) -> str:

@@ -239,7 +239,8 @@ class RegistryAuth(httpx.Auth):
         before, Basic after a Basic challenge."""
         host = origin(url)
         if (token := self._peer_token(host)) is not None:
-            return peer_authorization(token, method, urlsplit(url).path)
+            # The target as httpx sends it: path and query, percent-encoded as on the wire.
+            return peer_authorization(token, method, httpx.URL(url).raw_path.decode("ascii"))
         explicit = self.logins.explicit
         challenge = self._challenges.get(host)
         if challenge is None:
