@@ -259,3 +259,41 @@ def test_the_daemon_config_takes_public_urls(tmp_path: Path) -> None:
     path.write_text('public_urls = ["https://models.example/v2"]\n')
     with pytest.raises(ConfigError, match=r"public_urls\[0\].*no path"):
         load_config(path)
+
+
+def test_a_certificates_names_are_names_of_this_server(tmp_path: Path) -> None:
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    from modelfs.sync.serve import server_names
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ignored-when-san")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    san = x509.SubjectAlternativeName(
+        [x509.DNSName("models.internal"), x509.IPAddress(ipaddress.ip_address("10.9.8.7"))]
+    )
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(san, critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    pem = tmp_path / "cert.pem"
+    pem.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    assert server_names("0.0.0.0:11500", pem) == ["models.internal", "10.9.8.7"]
+    assert server_names("10.1.1.1:11500", None) == ["10.1.1.1"]
+    realm = Realm("gpu-01", names=server_names("[::]:11500", pem))
+    assert realm.ours("https", "models.internal:11500", ("10.0.0.1", 11500))
+    assert realm.ours("https", "10.9.8.7:11500", ("10.0.0.1", 11500))
+    assert not realm.ours("https", "ignored-when-san:11500", ("10.0.0.1", 11500))
