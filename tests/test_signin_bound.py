@@ -274,7 +274,7 @@ def test_a_certificates_names_are_names_of_this_server(tmp_path: Path) -> None:
 
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ignored-when-san")])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     san = x509.SubjectAlternativeName(
         [x509.DNSName("models.internal"), x509.IPAddress(ipaddress.ip_address("10.9.8.7"))]
     )
