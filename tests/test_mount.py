@@ -7,9 +7,11 @@ import hashlib
 import json
 import mmap
 import os
+import pwd
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +22,7 @@ from safetensors import safe_open
 
 from modelfs.demo import build_demo_store
 from modelfs.fsd.builder import short_path
+from modelfs.fsd.mount import mount_points
 from modelfs.store.digest import Digest
 from modelfs.store.files import model_files
 from modelfs.store.names import parse_name
@@ -378,3 +381,62 @@ def test_sighup_rescans_what_the_change_detection_cannot_see(tmp_path: Path) -> 
         assert model.read_bytes() == b"weights A"  # not seen: that is what SIGHUP is for
         proc.send_signal(signal.SIGHUP)
         assert wait_until(lambda: model.read_bytes() == b"weights B")
+
+
+def test_root_unmounts_a_mount_another_user_made(tmp_path: Path) -> None:
+    """A mount `nobody` made without allow_other refuses root's lstat (EACCES), so a stat
+    cannot see it is a mount point; `modelfs umount` asks the kernel's mount table, and root
+    may unmount anyone's. A dead one (kill -9, ENOTCONN) is still a mount point to it."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to mount as another user")
+    nobody = pwd.getpwnam("nobody")
+    # pytest's tmp_path is root's alone; nobody needs to read the store and own the mount point.
+    shared = Path(tempfile.mkdtemp(prefix="modelfs-nobody-"))
+    # Debian makes /dev/fuse 0666; a container may give root alone access. Opened up for the
+    # test and put back as it was.
+    fuse_mode = os.stat("/dev/fuse").st_mode & 0o777
+    try:
+        os.chmod("/dev/fuse", fuse_mode | 0o666)
+        shared.chmod(0o755)
+        tiny = TinyStore(shared / "models")
+        tiny.gguf_model("m:1")
+        subprocess.run(["chmod", "-R", "a+rX", str(shared)], check=True)
+        as_nobody = [
+            "setpriv",
+            f"--reuid={nobody.pw_uid}",
+            f"--regid={nobody.pw_gid}",
+            "--clear-groups",
+        ]
+        for dead in (False, True):
+            mnt = shared / f"mnt-{dead}"
+            mnt.mkdir()
+            os.chown(mnt, nobody.pw_uid, nobody.pw_gid)
+            proc = subprocess.Popen(
+                [*as_nobody, MODELFS, "mount", "--store", str(tiny.root), str(mnt)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "HOME": "/nonexistent"},
+            )
+            try:
+                deadline = time.monotonic() + 15
+                while str(mnt) not in mount_points():
+                    assert proc.poll() is None, proc.stdout.read() if proc.stdout else b""
+                    assert time.monotonic() < deadline, "nobody's mount did not come up"
+                    time.sleep(0.05)
+                assert not os.path.ismount(mnt)  # what a stat-based check concluded
+                if dead:
+                    proc.kill()
+                    proc.wait()
+                done = subprocess.run([MODELFS, "umount", str(mnt)], capture_output=True, text=True)
+                assert done.returncode == 0, done.stderr
+                assert str(mnt) not in mount_points()
+                if not dead:
+                    assert proc.wait(timeout=10) == 0
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
+                force_unmount(mnt)
+    finally:
+        os.chmod("/dev/fuse", fuse_mode)
+        shutil.rmtree(shared, ignore_errors=True)

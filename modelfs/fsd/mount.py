@@ -7,6 +7,7 @@ import contextlib
 import gc
 import logging
 import os
+import re
 import signal
 import subprocess
 from collections.abc import Iterable
@@ -23,6 +24,7 @@ from modelfs.fsd.ops import ModelOperations
 from modelfs.runtime.inotify import StoreWatch, WatchError
 from modelfs.runtime.leasing import leased
 from modelfs.runtime.notify import sd_notify
+from modelfs.store.fileio import read_file
 from modelfs.store.layout import Layout
 from modelfs.store.leases import LeaseKeeper
 from modelfs.store.scan import ScanCache, scan_store
@@ -360,8 +362,34 @@ class Mount:
         return tree, list(changed_entries(old, tree))
 
 
+MOUNTINFO = "/proc/self/mountinfo"
+MAX_MOUNTINFO = 64 << 20
+
+
+def _unescape(field: str) -> str:
+    """A mountinfo path: the kernel writes space, tab, newline and backslash as octal."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def mount_points(mountinfo: str = MOUNTINFO) -> set[str]:
+    """Every mount point in this process's mount namespace."""
+    text = read_file(mountinfo, MAX_MOUNTINFO).decode("utf-8", "surrogateescape")
+    return {_unescape(line.split(" ")[4]) for line in text.splitlines() if line.count(" ") >= 5}
+
+
+def is_mount_point(path: Path) -> bool:
+    """Is `path` a mount point? Asked of the kernel's mount table, not of a stat: a FUSE
+    mount made without allow_other refuses every other user's lstat, root's too, so
+    `os.path.ismount` says no to root of a mount it may unmount. Only the parent is resolved:
+    the mount point itself may not answer (a dead daemon: ENOTCONN)."""
+    absolute = Path(os.path.abspath(path))
+    resolved = os.path.join(os.path.realpath(absolute.parent), absolute.name)
+    return resolved in mount_points()
+
+
 def unmount(mountpoint: Path) -> None:
-    if not os.path.ismount(mountpoint):
+    """`modelfs umount`: fusermount3 for one's own mount, umount(8) for root of anyone's."""
+    if not is_mount_point(mountpoint):
         raise MountError(f"{mountpoint} is not a mount point")
     for cmd in (["fusermount3", "-u", str(mountpoint)], ["umount", str(mountpoint)]):
         try:
