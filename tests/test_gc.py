@@ -295,6 +295,41 @@ def test_partial_and_temp_files_of_everyone_wait_for_the_partial_grace(store: Ti
         assert p.exists() == (str(p.relative_to(store.root)) not in deleted), p
 
 
+def test_leftover_links_and_fuse_hidden_files_go_once_no_one_can_use_them(
+    store: TinyStore,
+) -> None:
+    """A manifests-v2 link a killed pull never renamed into place goes after the partial
+    grace; a `.fuse_hidden*` file (what a FUSE client such as sshfs leaves of a file unlinked
+    while open) anywhere in `.modelfs/` goes after the grace unless a process here holds it."""
+    links = store.layout.links
+    links.mkdir(parents=True)
+    old_link, young_link = links / "link-0123456789abcdef", links / "link-fedcba9876543210"
+    for link in (old_link, young_link):
+        os.symlink("../../../../blobs/sha256-" + "ab" * 32, link)
+    age(old_link, 8 * 86400)
+    age(young_link, 86400)
+    store.layout.leases.mkdir(parents=True, exist_ok=True)
+    hidden = {
+        store.layout.state / ".fuse_hidden0000000a00000001": 2 * HOUR,
+        store.layout.leases / ".fuse_hidden0000000b00000002": 2 * HOUR,
+        store.layout.tmp / ".fuse_hidden0000000c00000003": 2 * HOUR,
+        store.layout.leases / ".fuse_hidden0000000d00000004": 60,  # young: kept
+    }
+    held = store.layout.tmp / ".fuse_hidden0000000e00000005"  # old, but open here: kept
+    hidden[held] = 2 * HOUR
+    for path, old in hidden.items():
+        path.write_bytes(b"lease")
+        age(path, old)
+    with open(held, "rb"):
+        rc, report, _ = gc(store)
+    assert rc == 0
+    deleted = {i["path"] for i in report["temps_deleted"]}
+    expected = {old_link, *(p for p, a in hidden.items() if a == 2 * HOUR and p != held)}
+    assert deleted == {str(p.relative_to(store.root)) for p in expected}
+    for path in [old_link, young_link, *hidden]:
+        assert os.path.lexists(path) == (path not in expected), path
+
+
 # -- invariant 5: one GC at a time -----------------------------------------------------------
 def test_a_live_lock_of_another_host_refuses_and_a_stale_one_is_taken_over(
     store: TinyStore,

@@ -255,3 +255,55 @@ def test_ollama_com_is_its_own_host_in_manifests_and_the_default_in_manifests_v2
     assert {k: v for k, v in listed.items() if k != "gemma4:e2b"} == tags  # HEAD: no v2
     r = modelfs("verify", "--store", str(tiny.root))
     assert r.returncode == 0 and "duplicate" not in r.stdout, r.stdout
+
+
+def test_a_v2_link_resolves_where_it_is_made_and_leaves_nothing_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that follows links (sshfs `-o follow_symlinks`) sees a link that resolves
+    nowhere as no file: one made in `.modelfs/tmp/` with the target it will have in
+    manifests-v2/ was a dangling link there, which that client could neither rename into place
+    nor remove, so every such write left one behind. The link is made as deep as its tag's
+    folder, so it resolves in both places; and whatever fails, the temp link goes."""
+    tiny = TinyStore(tmp_path / "models")
+    raw = tiny.manifest([tiny.layer("model", b"weights")])
+    real_replace = os.replace
+    resolved: list[bool] = []
+
+    def replace(src: Any, dst: Any) -> None:
+        resolved.append(os.path.exists(src))  # follows the link, as sshfs would
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    tag = tiny.v2("m:1", raw)
+    assert resolved and all(resolved)
+    assert tag.is_symlink() and tag.read_bytes() == raw
+    assert list(tiny.layout.links.iterdir()) == []
+
+    # A symlink(2) that made the link and still failed (sshfs with follow_symlinks answers
+    # its lookup of a dangling link with ENOENT): a copy is written, no link is left.
+    real_symlink = os.symlink
+
+    def symlink_made_but_failed(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+        real_symlink(src, dst, *args, **kwargs)
+        raise FileNotFoundError(2, "No such file or directory")
+
+    monkeypatch.setattr(os, "symlink", symlink_made_but_failed)
+    def no_hardlinks(*args: Any, **kwargs: Any) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_hardlinks)
+    tag = tiny.v2("m:2", raw)
+    assert not tag.is_symlink() and tag.read_bytes() == raw
+    assert list(tiny.layout.links.iterdir()) == []
+
+    # The rename itself fails: the link still goes.
+    monkeypatch.setattr(os, "symlink", real_symlink)
+
+    def replace_fails(src: Any, dst: Any) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "replace", replace_fails)
+    with pytest.raises(PermissionError):
+        tiny.v2("m:3", raw)
+    assert list(tiny.layout.links.iterdir()) == []

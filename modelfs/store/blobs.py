@@ -174,21 +174,30 @@ class BlobStore:
         blob = self.layout.blob(digest)
         # The link is made in our tmp dir and renamed into place, so no half-made entry ever
         # sits at depth 4 of manifests-v2/, where Ollama would take it for a bad manifest.
-        link = self.layout.tmp / f"link-{secrets.token_hex(8)}"
+        _make_dirs(self.layout.links, self.layout.root)
+        link = self.layout.links / f"link-{secrets.token_hex(8)}"
         try:
             os.symlink(os.path.relpath(blob, target.parent), link)
             adopt(link, self.layout.root)
         except OSError:
+            # A symlink made but not adopted (a network filesystem that takes no chown) is
+            # ours to remove, or it would sit in tmp/ for ever.
+            _discard(link)
             try:
                 os.link(blob, link)
             except OSError:
+                _discard(link)
                 self._replace_file(target, raw)
                 return target
         try:
             os.replace(link, target)
         finally:
             # rename() of a hardlink onto the same inode succeeds and leaves the source behind.
-            with contextlib.suppress(FileNotFoundError):
-                link.unlink()
+            _discard(link)
         fsync_dir(target.parent)
         return target
+
+
+def _discard(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()

@@ -301,6 +301,7 @@ def _plan_temps(layout: Layout, plan: GcPlan, wanted: set[str], in_blobs: list[s
     places: list[tuple[Path, re.Pattern[str] | None]] = [
         (layout.blobs, _OLLAMA_TEMP),
         (layout.tmp, _OUR_TEMP_DIGEST),
+        (layout.links, None),
         (layout.leases, None),
     ]
     for directory, pattern in places:
@@ -322,7 +323,14 @@ def _plan_temps(layout: Layout, plan: GcPlan, wanted: set[str], in_blobs: list[s
                 continue  # leases themselves expire by their TTL and are rewritten when alive
             path = os.path.join(directory, name)
             st = _stat(path)
-            if st is None or not stat.S_ISREG(st.st_mode):
+            # A symlink there is a manifests-v2 link never renamed into place (a kill -9 in
+            # BlobStore.write_v2_manifest); unlinking it leaves its target alone.
+            link = (
+                directory in (layout.tmp, layout.links)
+                and st is not None
+                and stat.S_ISLNK(st.st_mode)
+            )
+            if st is None or not (stat.S_ISREG(st.st_mode) or link):
                 continue
             digest = _temp_digest(name, pattern) if pattern is not None else None
             item = _item(directory, name, f"{rel_dir}/{name}", st, digest)
@@ -331,6 +339,70 @@ def _plan_temps(layout: Layout, plan: GcPlan, wanted: set[str], in_blobs: list[s
                 plan.temps.append(item)
             else:
                 plan.temps_kept.append(item)
+    _plan_fuse_hidden(layout, plan)
+
+
+# What a FUSE client (sshfs, and libfuse's default `hard_remove` off) makes of a file that is
+# unlinked or renamed over while a process of that client holds it open: it stays, renamed to
+# `.fuse_hidden<hex>`, until that process closes it; a client that dies first leaves it for
+# ever. In `.modelfs/` it is one of ours (a lease or temp file some process had open).
+_FUSE_HIDDEN = ".fuse_hidden"
+
+
+def _plan_fuse_hidden(layout: Layout, plan: GcPlan) -> None:
+    """`.fuse_hidden*` files anywhere one level into `.modelfs/`, older than the grace and
+    open in no process of this host: what no one will close."""
+    found: list[tuple[Path, str, os.stat_result]] = []
+    for directory in (layout.state, *_subdirs(layout.state)):
+        try:
+            names = [n for n in os.listdir(directory) if n.startswith(_FUSE_HIDDEN)]
+        except OSError:
+            continue
+        for name in names:
+            st = _stat(directory / name)
+            if st is not None and stat.S_ISREG(st.st_mode):
+                found.append((directory, name, st))
+    if not found:
+        return
+    held = open_here()
+    for directory, name, st in found:
+        rel = f"{directory.relative_to(layout.root).as_posix()}/{name}"
+        item = _item(directory, name, rel, st, None)
+        where = os.path.join(os.path.realpath(directory), name)  # as /proc names it
+        if plan.now - st.st_mtime >= plan.policy.grace and where not in held:
+            plan.temps.append(item)
+        else:
+            plan.temps_kept.append(item)
+
+
+def _subdirs(directory: Path) -> list[Path]:
+    try:
+        return [Path(e.path) for e in os.scandir(directory) if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
+
+
+def open_here() -> set[str]:
+    """The path of every file a process of this host holds open, as /proc names it. Read
+    with readlink, which asks nothing of the file's filesystem (a stat of a file on a dead
+    mount would hang). Another user's processes are hidden from a non-root GC: their files
+    count as closed, which for `.fuse_hidden` files older than the grace they nearly always
+    are."""
+    held: set[str] = set()
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return held
+    for pid in pids:
+        fds = f"/proc/{pid}/fd"
+        try:
+            names = os.listdir(fds)
+        except OSError:
+            continue
+        for fd in names:
+            with contextlib.suppress(OSError):
+                held.add(os.readlink(f"{fds}/{fd}"))
+    return held
 
 
 def _plan_compat(layout: Layout, plan: GcPlan, wanted: set[str]) -> None:

@@ -25,6 +25,12 @@ class Layout:
         self.manifests_v2 = self.root / "manifests-v2"
         self.state = self.root / ".modelfs"
         self.tmp = self.state / "tmp"
+        # manifests-v2 links are made here, then renamed into place: as deep in the store as
+        # the folder of a v2 tag (manifests-v2/<host>/<ns>/<model>/), so the relative target
+        # they will have there resolves here too. A client that follows links (sshfs
+        # `follow_symlinks`) takes a link that resolves nowhere for none, and can neither
+        # rename nor remove it.
+        self.links = self.tmp / "links" / "v2"
         self.leases = self.state / "leases"
         self.trash = self.state / "trash"
         self.quarantine = self.state / "quarantine"
