@@ -215,7 +215,9 @@ def test_the_realm_takes_the_reached_address_and_its_own_names_on_the_reached_po
     assert realm.ours("http", "10.1.2.3:11500", local)
     assert realm.ours("http", "[::ffff:10.1.2.3]:11500", local)
     assert realm.ours("http", "MODELS.internal:11500", local)
-    assert realm.ours("http", "localhost:11500", local)
+    assert not realm.ours("http", "localhost:11500", local)  # a remote client's localhost
+    assert realm.ours("http", "localhost:11500", ("127.0.0.1", 11500))
+    assert realm.ours("http", "localhost:11500", ("::1", 11500))
     assert realm.ours("http", f"{socket.gethostname()}:11500", local)
     assert realm.ours("http", "proxy:8080", local)
     assert not realm.ours("http", "10.1.2.4:11500", local)

@@ -13,8 +13,9 @@ signature an Ollama host made for any other registry it signs in to: the URL is 
 registry's, and so is the Host the attacker sends. So a signature counts only when
 
 - the host and port it was made for are ours: a `public_url` (any scheme, host, port), or one
-  of our names (the hostname, `localhost`, the listen address, the TLS certificate's names, and
-  `names`) or the very address the connection reached, on the port it reached;
+  of our names (the hostname, the listen address, the TLS certificate's names, and `names`;
+  `localhost` on a loopback connection) or the very address the connection reached, on the
+  port it reached;
 - its `service` is ours, `modelfs:<host id>`: a host of the same fleet answers to other names
   and hands out another service, so what an Ollama host signed for it buys nothing here.
 """
@@ -101,7 +102,7 @@ class Realm:
     ) -> None:
         self.service = service_of(host_id)
         hostname = socket.gethostname()
-        own = {hostname, hostname.partition(".")[0], "localhost", *names}
+        own = {hostname, hostname.partition(".")[0], *names}
         self.names = frozenset(n.strip("[]").rstrip(".").lower() for n in own if n)
         self.public = tuple(parse_public_url(u) for u in public_urls)
 
@@ -120,9 +121,13 @@ class Realm:
         hostport = split_host(host_header, scheme)
         if hostport is None or local is None or hostport[1] != local[1]:
             return False
-        host = hostport[0]
+        host, reached = hostport[0], _address(local[0])
+        if host == "localhost":
+            # Every host is its own localhost: the name is ours only on a connection that
+            # came over loopback (a remote client signed it for a registry of its own).
+            return reached is not None and reached.is_loopback
         addr = _address(host)
-        return host in self.names or (addr is not None and addr == _address(local[0]))
+        return host in self.names or (addr is not None and addr == reached)
 
     def _public(self, host_header: str) -> Origin | None:
         for origin in self.public:
