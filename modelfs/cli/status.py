@@ -11,7 +11,7 @@ import httpx
 
 from modelfs.cli.human import table
 from modelfs.store.sizes import human_bytes
-from modelfs.store.tagid import tag_id
+from modelfs.store.tagid import TagId, tag_ids
 from modelfs.sync.credentials import CredentialsError, read_credentials
 
 
@@ -98,14 +98,14 @@ def render_status(status: dict[str, Any]) -> str:
             )
         lines.append(table(rows))
     local: dict[str, str] = d.get("models") or {}
-    ids: dict[str, str] = d.get("ids") or {}
+    ids = {n: str(TagId(**i)) for n, i in (d.get("ids") or {}).items()}
     names = sorted(set(local) | {n for p in peers for n in (p.get("models") or {})})
     if names:
         lines.append("models:")
         rows = [["  NAME", "HERE", *[_peer(p) for p in peers]]]
         for n in names:
             here = local.get(n, "")
-            row = ["  " + n, ids.get(n) or (tag_id(here) if here else "-")]
+            row = ["  " + n, ids.get(n) or (str(tag_ids(here)) if here else "-")]
             for p in peers:
                 theirs = (p.get("models") or {}).get(n)
                 if theirs is None:
@@ -113,7 +113,7 @@ def render_status(status: dict[str, Any]) -> str:
                 elif not theirs:
                     row.append("listed")
                 else:
-                    row.append("same" if theirs == here else tag_id(theirs))
+                    row.append("same" if theirs == here else str(tag_ids(theirs)))
             rows.append(row)
         lines.append(table(rows))
     transfers = d.get("transfers") or []

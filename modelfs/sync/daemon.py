@@ -27,6 +27,7 @@ few seconds, and the process exits 0.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -48,7 +49,7 @@ from modelfs.store.layout import Layout
 from modelfs.store.leases import HEARTBEAT, LeaseKeeper
 from modelfs.store.names import Name, parse_name
 from modelfs.store.scan import StoreIndex, child_runner
-from modelfs.store.tagid import tag_id
+from modelfs.store.tagid import TagId, tag_ids
 from modelfs.sync.client import peer_session
 from modelfs.sync.config import ConfigError, SyncConfig, load_config
 from modelfs.sync.credentials import Logins, read_credentials
@@ -198,7 +199,8 @@ class Daemon:
         self.url = ""
         self.pin: str | None = None  # of this host's own certificate, for its peers' configs
         self.local: dict[str, str] = {}  # this store's names -> digests, at the last round
-        self.ids: dict[str, str] = {}  # the same names -> their IDs as `ls`/`show` (store.tagid)
+        # The same names -> their IDs as `ls`/`show` give them (store.tagid).
+        self.ids: dict[str, TagId] = {}
         self.spelling: dict[tuple[str, str, str, str], str] = {}  # Name.key -> the name here
         self.keeper = LeaseKeeper(layout, "sync", ttl=config.gc.lease_ttl, host=config.host_id)
         self._wakes: dict[str, trio.Event] = {}  # one per periodic loop
@@ -407,7 +409,7 @@ class Daemon:
         index = await self.index()
         local = {e.name.shortest: e.digest.hex for e in index}
         self.local = local
-        self.ids = {e.name.shortest: e.tag_id(config.prefer) for e in index}
+        self.ids = {e.name.shortest: e.tag_ids(config.prefer) for e in index}
         self.spelling = {e.name.key: e.name.shortest for e in index}
         wanted: dict[str, tuple[str, list[str]]] = {}
         for peer in self.peers.values():  # config order: the first peer's version wins
@@ -425,7 +427,7 @@ class Daemon:
         todo: dict[str, tuple[str, list[str], str]] = {}
         for name, (digest, sources) in sorted(wanted.items()):
             if local.get(name) != digest:
-                why = f"the peers have {tag_id(digest)}" if name in local else "not here yet"
+                why = f"the peers have {tag_ids(digest)}" if name in local else "not here yet"
             else:
                 child = index.lacks_wanted(index.lookup(name), config.prefer)
                 if child is None:
@@ -542,9 +544,9 @@ class Daemon:
         self.behind.pop(name, None)
         self.local[name] = digest
         try:
-            shown = (await self.index()).lookup(name).tag_id(self.config.prefer)
+            shown = (await self.index()).lookup(name).tag_ids(self.config.prefer)
         except StoreError:  # gone again already: the digest is all there is to show
-            shown = tag_id(digest)
+            shown = tag_ids(digest)
         self.ids[name] = shown
         for result in report.models:
             for url in result.avoided:
@@ -672,7 +674,7 @@ class Daemon:
                 "interval": self.config.interval,
                 "replicate": list(self.config.replicate),
                 "models": self.local,
-                "ids": self.ids,
+                "ids": {n: dataclasses.asdict(i) for n, i in self.ids.items()},
                 "pulled": self.pulled,
                 "pull_failures": self.pull_failures,
                 "max_transfers": self.config.max_transfers,
