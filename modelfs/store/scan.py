@@ -61,6 +61,11 @@ class Problem:
         return f"{self.path}: {self.message}"
 
 
+# What `verify` and `gc` call a stray (a file that is no model: kept, reported, GC goes on);
+# every command says it in that word.
+STRAY_KINDS = frozenset({"stray", "bad-blob", "removed-tag"})
+
+
 @dataclass(frozen=True, slots=True)
 class Variant:
     """One runnable manifest of a tag: the tag itself, or one child of its manifest list."""
