@@ -502,7 +502,7 @@ def test_ls_table(tiny: TinyStore) -> None:
     ]  # fmt: skip
     assert proc.stdout.splitlines() == expected
     # The models' blobs are absent: reported, never fatal.
-    assert "problem(s) in the store" in proc.stderr
+    assert "problems in the store; `modelfs verify` names them" in proc.stderr
 
 
 def test_ls_table_in_process(tiny: TinyStore, capsys: pytest.CaptureFixture[str]) -> None:
@@ -759,7 +759,7 @@ def test_damaged_store_still_lists_the_good(
     surrogate = next(m for m in models if m["name"] == "surrogate:1")
     assert surrogate["details"]["quantization_level"] == "\ufffd"  # as Go decodes "\ud800"
     assert "bad-config:1" not in {m["name"] for m in models}
-    assert any("problem(s) in the store" in line for line in err.splitlines())
+    assert any("in the store; `modelfs verify` names them" in line for line in err.splitlines())
 
     code, out, err = cli(capsys, "ls", "--store", str(tiny.root))
     assert code == 0

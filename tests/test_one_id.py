@@ -2,21 +2,26 @@
 
 A plain tag's ID is its manifest's digest (what `ollama list` prints too); a manifest list's
 is the list's own digest, the one peers compare, with the child this host uses labelled
-beside it where that matters (`show`, `diff`, `status`, the log).
+beside it where that matters (`show`, `diff`, `status`, the log). One modified time per tag
+too: for a list, its legacy anchor's, the file Ollama's /api/tags lists.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from modelfs.cli.human import human_time, rfc3339_nano
 from modelfs.store.digest import Digest
 from tests.builders import TinyStore
+from tests.mounting import fuse, mounted
 from tests.test_daemon import complete, daemon, wait_until
 from tests.test_daemon_variants import list_store
 from tests.test_pull_hosts import _env
@@ -106,7 +111,9 @@ def test_the_daemon_log_and_status_show_the_id_ls_and_show_give(tmp_path: Path) 
         log = d.text()
         assert f"replicated {GEMMA} {labelled} from {a.url}" in log, log
         assert f"replicated {QWEN} {plain} from {a.url}" in log, log
-        wait_until(lambda: d.status()["daemon"]["ids"].get(GEMMA) == labelled, what="status ids")
+        # Values in the JSON, the sentence in the table.
+        values = {"id": lst, "list": True, "child": "llamacpp", "child_id": built["llamacpp"]}
+        wait_until(lambda: d.status()["daemon"]["ids"].get(GEMMA) == values, what="status ids")
         wait_until(lambda: d.status()["peers"][0]["host_id"] == "a", what="the peer's host id")
         out = d.status_cli()
         lines = out.splitlines()
@@ -122,3 +129,72 @@ def test_the_daemon_log_and_status_show_the_id_ls_and_show_give(tmp_path: Path) 
         assert rows[QWEN].split()[1] == plain, rows
     assert ls_ids(b)[GEMMA] == lst and ls_ids(b)[QWEN] == plain
     assert show_id(b, GEMMA) == labelled
+
+
+DAY_NS = 86_400 * 1_000_000_000
+
+
+@fuse
+def test_ls_ls_json_show_and_the_mount_agree_on_id_child_and_modified_time(
+    tmp_path: Path,
+) -> None:
+    """The list tag's anchor is 330 days old and its list blob new (as a pull long ago, the
+    list blob touched since); the plain tag is 150 days old. `ls` (ID, MODIFIED, order),
+    `ls --json` (modified_at, order), `show` and `show --json` (`id`, `child`, `child_id`,
+    `modified_at`) and the mount (a model directory's mtime, its `user.modelfs.tag_digest`
+    and `manifest_digest`, `.ollama/digest`) give each tag one ID, one child, one time."""
+    root = tmp_path / "s"
+    built = store_with_a_list(root)
+    now_ns = time.time_ns()
+    anchor_ns, plain_ns = now_ns - 330 * DAY_NS + 123, now_ns - 150 * DAY_NS + 456
+    os.utime(root / "manifests/registry.ollama.ai/library/gemma4/26b", ns=(anchor_ns, anchor_ns))
+    os.utime(root / "manifests/registry.ollama.ai/library/qwen3/0.6b", ns=(plain_ns, plain_ns))
+    llamacpp = next(
+        json.loads(p.read_bytes())["manifests"][0]["digest"]
+        for p in (root / "blobs").iterdir()
+        if Digest.parse(p.name.replace("-", ":")).short == built["list"]
+    )
+    want = {
+        GEMMA: (built["list"], "llamacpp", built["llamacpp"], anchor_ns),
+        QWEN: (built["plain"], None, None, plain_ns),
+    }
+    lines = run("ls", "--store", str(root)).splitlines()[1:]
+    assert [line.split()[0] for line in lines] == [QWEN, GEMMA]  # newest first
+    for line in lines:
+        name, id_, *_ = line.split()
+        assert id_ == want[name][0]
+        assert human_time(want[name][3] / 1e9) in line, line
+    records = json.loads(run("ls", "--json", "--store", str(root)))["models"]
+    assert [r["name"] for r in records] == [QWEN, GEMMA]
+    for r in records:
+        assert r["modified_at"] == rfc3339_nano(want[r["name"]][3])
+    for name, (id_, child, child_id, ns) in want.items():
+        shown = json.loads(run("show", "--json", "--store", str(root), name))
+        assert (shown["id"], shown["child"], shown["child_id"]) == (id_, child, child_id)
+        assert shown["modified_at"] == rfc3339_nano(ns)
+        text = run("show", "--store", str(root), name).splitlines()
+        assert text[2] == f"Modified {rfc3339_nano(ns)}"
+    with mounted(root, tmp_path / "mnt"):
+        for name, (id_, child, child_id, ns) in want.items():
+            parts = name.replace(":", "/").split("/")
+            dirs = [tmp_path / "mnt" / Path(*parts)]
+            if child is not None:
+                dirs.append(dirs[0].with_name(f"{parts[-1]}@mlx"))
+            for d in dirs:
+                assert os.stat(d).st_mtime_ns == ns, d
+                assert os.stat(d / "Modelfile").st_mtime_ns == ns, d
+                tag = os.getxattr(d, "user.modelfs.tag_digest").decode()
+                assert Digest.parse(tag).short == id_
+                served = os.getxattr(d, "user.modelfs.manifest_digest").decode()
+                assert (d / ".ollama" / "digest").read_text() == served + "\n"
+                if child is None:
+                    assert served == tag
+            if child is not None:
+                # The plain tag directory serves the child `show` names; @mlx its own.
+                assert (
+                    Digest.parse(
+                        os.getxattr(dirs[0], "user.modelfs.manifest_digest").decode()
+                    ).short
+                    == child_id
+                )
+                assert os.getxattr(dirs[1], "user.modelfs.manifest_digest").decode() != llamacpp

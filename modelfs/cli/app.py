@@ -21,7 +21,8 @@ from modelfs.fsd.errors import MountError
 from modelfs.store.durations import parse_duration
 from modelfs.store.errors import StoreError
 from modelfs.store.layout import Layout, find_store_root
-from modelfs.store.scan import DEFAULT_PREFER, StoreIndex, scan_store
+from modelfs.store.scan import DEFAULT_PREFER, STRAY_KINDS, Problem, StoreIndex, scan_store
+from modelfs.store.sizes import counted
 from modelfs.sync.errors import SyncError
 
 if TYPE_CHECKING:
@@ -55,15 +56,28 @@ def _add_prefer(p: argparse.ArgumentParser, help: str) -> None:
     p.add_argument("--prefer", type=_prefer, default=DEFAULT_PREFER, metavar="RUNNERS", help=help)
 
 
+def _problems_summary(problems: Sequence[Problem]) -> str | None:
+    """One line for a command that reads the store: how many strays (in the word `verify`
+    and `gc` use) and other problems, and the command that names them; None for none."""
+    if not problems:
+        return None
+    strays = sum(p.kind in STRAY_KINDS for p in problems)
+    others = len(problems) - strays
+    said = [counted(strays, "stray file")] if strays else []
+    if others:
+        said.append(counted(others, "problem"))
+    them = "it" if len(problems) == 1 else "them"
+    return f"{' and '.join(said)} in the store; `modelfs verify` names {them}"
+
+
 def _open_index(args: argparse.Namespace) -> StoreIndex:
     root = find_store_root(args.store)
     index = scan_store(root)
     for problem in index.problems:
         log.debug("problem: %s", problem)
-    if index.problems:
-        log.info(
-            "%d problem(s) in the store; `modelfs show` a model for details", len(index.problems)
-        )
+    summary = _problems_summary(index.problems)
+    if summary is not None:
+        log.info("%s", summary)
     return index
 
 
@@ -522,13 +536,49 @@ def _peer_arguments(p: argparse.ArgumentParser, token_help: str) -> None:
 
 
 def _version() -> str:
-    """The installed distribution's version: what pip put there, so a venv answers for itself."""
+    """The installed distribution's version: what pip put there, so a venv answers for itself;
+    run from a git checkout (an editable install), also the commit, since the version alone
+    does not say which code that is."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("modelfs")
+        installed = version("modelfs")
     except PackageNotFoundError:  # run from a checkout that was never installed
-        return "(not installed)"
+        installed = "(not installed)"
+    return installed + _checkout_commit()
+
+
+def _checkout_commit() -> str:
+    """` (git 58bcabe41f2a)` (`-dirty` with uncommitted changes) when this package's source is
+    a git checkout's work tree; "" for an installed copy, or where git cannot say."""
+    import subprocess
+
+    top = Path(__file__).resolve().parents[2]
+    if not (top / ".git").exists():
+        return ""
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(top), "describe", "--always", "--dirty", "--abbrev=12"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    commit = done.stdout.strip()
+    return f" (git {commit})" if done.returncode == 0 and commit else ""
+
+
+class _VersionAction(argparse.Action):
+    """`--version`, worked out only when asked (it may run git)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, argparse.SUPPRESS, nargs=0, help="print the version")
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        print(f"modelfs {_version()}")
+        parser.exit()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -547,7 +597,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="modelfs",
         description="Show an Ollama model store by name, and keep it in step across hosts.",
     )
-    parser.add_argument("--version", action="version", version=f"modelfs {_version()}")
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("ls", parents=[common], help="list models, like `ollama list`")

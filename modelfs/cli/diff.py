@@ -6,12 +6,12 @@ from typing import Any
 
 from modelfs.cli.human import table
 from modelfs.store.sizes import human_bytes
-from modelfs.store.tagid import tag_id
+from modelfs.store.tagid import tag_ids
 
 
 def _side_line(label: str, side: dict[str, Any]) -> str:
     name = side["name"] or side["ref"]
-    shown = tag_id(
+    shown = tag_ids(
         side["digest"], is_list=side["list"], child=side["manifest"], runner=side["runner"]
     )
     quant = side["file_type"] or "-"

@@ -10,7 +10,7 @@ from modelfs.cli.human import go_strings, human_time, rfc3339_nano, table
 from modelfs.store.errors import StoreError
 from modelfs.store.gguf import FILE_TYPES, read_gguf_header_path
 from modelfs.store.manifest import go_marshal
-from modelfs.store.scan import DEFAULT_PREFER, Entry, StoreIndex
+from modelfs.store.scan import DEFAULT_PREFER, Entry, StoreIndex, listed_tag, ollama_entries
 from modelfs.store.sizes import human_bytes
 
 # Template actions, for the variables Ollama's template.Vars finds in them
@@ -156,7 +156,7 @@ def tag_record(index: StoreIndex, entry: Entry, prefer: tuple[str, ...]) -> dict
     record: dict[str, Any] = {"name": entry.name.shortest, "model": entry.name.shortest}
     record |= remote
     record |= {
-        "modified_at": rfc3339_nano(entry.mtime_ns),
+        "modified_at": rfc3339_nano(entry.modified_ns),
         "size": manifest.size,
         "digest": manifest.digest.hex,
         "details": details,
@@ -175,32 +175,6 @@ def _nemotron_nano(cfg: dict[str, Any]) -> bool:
         or cfg.get("model_family") == "nemotron_h_omni"
         or (isinstance(families, list) and "nemotron_h_omni" in families)
     )
-
-
-def ollama_entries(index: StoreIndex) -> list[Entry]:
-    """The tags Ollama's /api/tags would list, newest first by whole seconds, as its
-    sortListModelResponses (server/model_list_cache.go:865-870); ties by name.
-
-    Ollama at ollama/ollama fb30760 reads only `manifests/` (manifest/manifest.go:175-227):
-    for a tag that is a manifest list, the legacy anchor (the llamacpp child plus references
-    to the list's blobs) is what it lists; every legacy spelling (`Foo` and `foo`) is a model
-    of its own. A tag only in `manifests-v2/`, which it does not read, is listed after
-    Ollama's manifest-list branch: by its preferred child.
-    """
-    legacy = [e for e in index if e.source == "legacy"] + index.hidden
-    anchored = {e.name.key for e in index.hidden}
-    v2_only = [e for e in index if e.source == "v2" and e.name.key not in anchored]
-    return sorted(legacy + v2_only, key=lambda e: (-(e.mtime_ns // 1_000_000_000), e.name.shortest))
-
-
-def _tag(index: StoreIndex, entry: Entry) -> Entry:
-    """The tag a listed entry stands for: a list's legacy anchor stands for the list, whose
-    digest is the ID every other command shows (store.tagid)."""
-    if entry.source == "legacy":
-        shown = index.entries.get(entry.name.key)
-        if shown is not None and shown.source == "v2":
-            return shown
-    return entry
 
 
 def listing(
@@ -233,10 +207,10 @@ def render_table(
         rows.append(
             [
                 m["name"],
-                _tag(index, entry).digest.short,
+                listed_tag(index, entry).digest.short,
                 # Ollama prints no size for a cloud model (its weights are elsewhere).
                 "-" if m.get("remote_model") else human_bytes(m["size"]),
-                human_time(entry.mtime, now),
+                human_time(entry.modified_ns / 1e9, now),
                 m["details"]["format"] or "-",
                 m["details"]["quantization_level"] or "-",
             ]

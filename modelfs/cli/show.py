@@ -20,6 +20,7 @@ from modelfs.store.manifest import ManifestList
 from modelfs.store.quant import manifest_quantization
 from modelfs.store.scan import DEFAULT_PREFER, Entry, StoreIndex, Variant
 from modelfs.store.sizes import human_bytes
+from modelfs.store.tagid import TagId
 
 
 def _variant_record(
@@ -131,14 +132,17 @@ def show_record(
 ) -> dict[str, Any]:
     chosen = entry.preferred(prefer)
     rel = entry.rel
+    ids = entry.tag_ids(prefer)
     return {
         "name": entry.name.shortest,
         "full_name": entry.name.full,
         "source": rel,
         "digest": str(entry.digest),
-        "id": entry.tag_id(prefer),
+        "id": ids.id,
+        "child": ids.child,
+        "child_id": ids.child_id,
         "list": isinstance(entry.top, ManifestList),
-        "modified_at": rfc3339_nano(entry.mtime_ns),
+        "modified_at": rfc3339_nano(entry.modified_ns),
         "variants": [_variant_record(index, v, v is chosen, True) for v in entry.variants],
         "absent_variants": [
             {"runner": c.runner, "format": c.format, "digest": str(c.digest)}
@@ -148,10 +152,14 @@ def show_record(
     }
 
 
+def _id_sentence(record: dict[str, Any]) -> str:
+    return str(TagId(record["id"], record["list"], record["child"], record["child_id"]))
+
+
 def render(record: dict[str, Any]) -> str:
     out = [
         f"Model    {record['name']}  ({record['full_name']})",
-        f"ID       {record['id']}  ({record['source']})",
+        f"ID       {_id_sentence(record)}  ({record['source']})",
         f"Modified {record['modified_at']}",
         "",
     ]

@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 
 from modelfs.cli.human import table
-from modelfs.store.sizes import human_bytes
-from modelfs.store.tagid import tag_id
+from modelfs.store.sizes import counted, human_bytes
+from modelfs.store.tagid import TagId, tag_ids
 from modelfs.sync.credentials import CredentialsError, read_credentials
 
 
@@ -67,8 +67,10 @@ def render_status(status: dict[str, Any]) -> str:
     now = time.time()
     d = status.get("daemon") or {}
     lines = [
-        f"host {status.get('host_id')}: store {status.get('store')}, {status.get('models')} "
-        f"model(s), {status.get('blobs')} blob(s), up {status.get('uptime_seconds', 0):.0f}s, "
+        f"host {status.get('host_id')}: store {status.get('store')}, "
+        f"{counted(int(status.get('models') or 0), 'model')}, "
+        f"{counted(int(status.get('blobs') or 0), 'blob')}, "
+        f"up {status.get('uptime_seconds', 0):.0f}s, "
         f"{human_bytes(int(status.get('bytes_served', 0)))} served"
     ]
     if not d:
@@ -92,20 +94,20 @@ def render_status(status: dict[str, Any]) -> str:
                     f"  {_peer(p)} ({p['url']})" if p.get("host_id") else "  " + p["url"],
                     state,
                     f"listed {_ago(p.get('last_ok'), now)}",
-                    f"{len(p.get('models') or {})} model(s)",
+                    counted(len(p.get("models") or {}), "model"),
                     f"{human_bytes(int(p.get('bytes_in', 0)))} received",
                 ]
             )
         lines.append(table(rows))
     local: dict[str, str] = d.get("models") or {}
-    ids: dict[str, str] = d.get("ids") or {}
+    ids = {n: str(TagId(**i)) for n, i in (d.get("ids") or {}).items()}
     names = sorted(set(local) | {n for p in peers for n in (p.get("models") or {})})
     if names:
         lines.append("models:")
         rows = [["  NAME", "HERE", *[_peer(p) for p in peers]]]
         for n in names:
             here = local.get(n, "")
-            row = ["  " + n, ids.get(n) or (tag_id(here) if here else "-")]
+            row = ["  " + n, ids.get(n) or (str(tag_ids(here)) if here else "-")]
             for p in peers:
                 theirs = (p.get("models") or {}).get(n)
                 if theirs is None:
@@ -113,7 +115,7 @@ def render_status(status: dict[str, Any]) -> str:
                 elif not theirs:
                     row.append("listed")
                 else:
-                    row.append("same" if theirs == here else tag_id(theirs))
+                    row.append("same" if theirs == here else str(tag_ids(theirs)))
             rows.append(row)
         lines.append(table(rows))
     transfers = d.get("transfers") or []

@@ -11,6 +11,8 @@ from typing import Any
 
 from modelfs.demo.build import build_demo_store
 from modelfs.demo.records import DemoStore
+from modelfs.store.scan import listed_tag, ollama_entries, scan_store
+from modelfs.store.sizes import human_bytes
 
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -25,14 +27,6 @@ def parse_size(text: str) -> int:
     if m is None:
         raise ValueError(f"bad size {text!r} (want small, or a number with K, M, G or T)")
     return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
-
-
-def _human(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    raise AssertionError
 
 
 def _summary(demo: DemoStore) -> dict[str, Any]:
@@ -74,7 +68,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(summary, indent=2))
         return 0
     print(f"demo store: {demo.root}")
-    for key, m in demo.manifests.items():
-        print(f"  {key:52} {m.digest.short}  {_human(m.size)}")
-    print(f"  model blob: {summary['model_blob']} ({_human(summary['model_blob_size'])})")
+    # Each tag as `modelfs ls` lists it: its ID, and its size in the same units.
+    index = scan_store(demo.root)
+    for entry in ollama_entries(index):
+        chosen = entry.preferred()
+        size = human_bytes(chosen.manifest.size) if chosen is not None else "-"
+        print(f"  {entry.name.shortest:40} {listed_tag(index, entry).digest.short}  {size}")
+    print(f"  model blob: {summary['model_blob']} ({human_bytes(summary['model_blob_size'])})")
     return 0

@@ -213,7 +213,7 @@ class _Build(CompatDirs):
     # -- the build -----------------------------------------------------------------------
     def run(self) -> NameTree:
         index = self.index
-        root_mtime = max((e.mtime_ns for e in index), default=0)
+        root_mtime = max((e.modified_ns for e in index), default=0)
         root = self._dir((), root_mtime)
         assert self.nodes is not None
         del self.nodes[root.inode]
@@ -408,7 +408,7 @@ class _Build(CompatDirs):
         self, parent: DirNode, rel: tuple[str, ...], entry: Entry, v: Variant, lazy: bool = False
     ) -> None:
         try:
-            holder = self._mkdirs(parent, rel[:-1], entry.mtime_ns)
+            holder = self._mkdirs(parent, rel[:-1], entry.modified_ns)
         except _Clash as clash:
             log.info("%s: %r is a file in another model; see .by-name/", entry.name, clash.args[0])
             return
@@ -419,9 +419,12 @@ class _Build(CompatDirs):
         plan = self._plan(manifest)
         xattrs = {
             "user.modelfs.name": entry.name.full.encode(),
+            # The manifest this directory serves (a list's child, as `.ollama/digest`), and
+            # the tag's own digest, whose first 12 digits are the ID `ls` and `show` give.
             "user.modelfs.manifest_digest": str(manifest.digest).encode(),
+            "user.modelfs.tag_digest": str(entry.digest).encode(),
         }
-        d = self._dir((*holder.path, rel[-1]), entry.mtime_ns, xattrs)
+        d = self._dir((*holder.path, rel[-1]), entry.modified_ns, xattrs)
         d.is_model = True
         tensors = _tensor_key(plan.files)
         heavy = self._merge_is_heavy(tensors)
@@ -454,7 +457,7 @@ class _Build(CompatDirs):
     def _fill_model(self, entry: Entry, v: Variant, d: DirNode) -> None:
         path = d.path
         manifest = v.manifest
-        mtime = entry.mtime_ns
+        mtime = entry.modified_ns
         plan = self._plan(manifest)
         files = plan.files
         for f, blob in plan.shown:

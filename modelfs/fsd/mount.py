@@ -8,6 +8,7 @@ import gc
 import logging
 import os
 import re
+import shlex
 import signal
 import subprocess
 from collections.abc import Iterable
@@ -28,6 +29,7 @@ from modelfs.store.fileio import read_file
 from modelfs.store.layout import Layout
 from modelfs.store.leases import LeaseKeeper
 from modelfs.store.scan import ScanCache, scan_store
+from modelfs.store.sizes import counted
 from modelfs.store.watch import store_signature
 
 log = logging.getLogger(__name__)
@@ -161,6 +163,11 @@ class Mount:
         heap.trim()
 
     def run(self) -> None:
+        if not self.mountpoint.exists():
+            raise MountError(
+                f"mount point {self.mountpoint} does not exist; make it first "
+                f"(mkdir -p {shlex.quote(str(self.mountpoint))})"
+            )
         if not self.mountpoint.is_dir():
             raise MountError(f"mount point {self.mountpoint} is not a directory")
         if os.path.ismount(self.mountpoint):
@@ -253,10 +260,10 @@ class Mount:
             nursery.start_soon(self._make_views)
             nursery.start_soon(trio.to_thread.run_sync, raise_read_ahead, self.mountpoint)
             log.info(
-                "mounted %s on %s (%d models)",
+                "mounted %s on %s (%s)",
                 self.layout.root,
                 self.mountpoint,
-                self.models,
+                counted(self.models, "model"),
             )
             sd_notify(f"READY=1\nSTATUS=serving {self.layout.root} at {self.mountpoint}")
             if os.environ.get("MODELFS_FUSE_LOOP", "fast") != "trio":  # for comparisons

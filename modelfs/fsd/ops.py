@@ -26,6 +26,7 @@ from modelfs.fsd.backing import BUILD_COMMAND, PASSTHROUGH_API, BackingFiles, Ba
 from modelfs.fsd.builder import NameTree
 from modelfs.fsd.loop import handing_off
 from modelfs.fsd.nodes import (
+    ROOT_INODE,
     BlobNode,
     BytesNode,
     CompatNode,
@@ -55,6 +56,7 @@ ATTR_TIMEOUT = 300.0
 # write, a thread hop and a backing open (2.7 ms, as long as mapping 1 GiB warm).
 LINGER = 1.0
 IMMUTABLE_DIRS = (".blobs", ".by-digest")
+_DOTS = 2  # every listing starts with `.` and `..`
 
 USER_NAMESPACE = "user."
 XATTR_PREFIX = "user.modelfs."
@@ -204,6 +206,8 @@ class ModelOperations(pyfuse3.Operations):
         self.statfs_path = statfs_path
         self._handles: dict[int, _Handle] = {}
         self._dir_handles: dict[int, tuple[DirNode, list[tuple[str, Node]]]] = {}
+        # The directory each directory inode was last handed out from, for its `..` entry.
+        self._parents: dict[int, int] = {}
         self._next_fh = itertools.count(1)
         self._gguf_xattrs: dict[int, dict[str, bytes]] = {}
         self.lease = lease
@@ -319,6 +323,8 @@ class ModelOperations(pyfuse3.Operations):
         immutable = bool(parent.path) and parent.path[0] in IMMUTABLE_DIRS
         attrs = self._attrs(child, ATTR_TIMEOUT if immutable else NAME_TIMEOUT)
         self._handed_out(child.inode)
+        if isinstance(child, DirNode):
+            self._parents[child.inode] = parent_inode
         return attrs
 
     def place(self, node: Node, current: bool) -> None:
@@ -342,6 +348,7 @@ class ModelOperations(pyfuse3.Operations):
                 self._lookups[inode] = left
                 continue
             self._lookups.pop(inode, None)
+            self._parents.pop(inode, None)
             if inode in self._old:
                 self._old.discard(inode)
                 self.nodes.pop(inode, None)
@@ -355,8 +362,13 @@ class ModelOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         await _prepared(node)
         fh = next(self._next_fh)
+        # `..` is the directory it was looked up from; the kernel asks for no other's listing.
+        parent = self.nodes.get(self._parents.get(inode, ROOT_INODE), node)
         # A listing is a snapshot, so a tree swap mid-listing cannot skip or repeat names.
-        self._dir_handles[fh] = (node, sorted(node.children.items()))
+        self._dir_handles[fh] = (
+            node,
+            [(".", node), ("..", parent), *sorted(node.children.items())],
+        )
         return fh
 
     @_guarded
@@ -368,7 +380,11 @@ class ModelOperations(pyfuse3.Operations):
             attrs = self._attrs(child, ATTR_TIMEOUT if immutable else NAME_TIMEOUT)
             if not pyfuse3.readdir_reply(token, os.fsencode(name), attrs, i + 1):
                 return
+            if i < _DOTS:
+                continue  # the kernel takes no reference for `.` and `..` (fuse_direntplus_link)
             self._handed_out(child.inode)  # readdirplus counts as a lookup
+            if isinstance(child, DirNode):
+                self._parents[child.inode] = node.inode
 
     @_guarded
     async def releasedir(self, fh: int) -> None:

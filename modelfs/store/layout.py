@@ -70,6 +70,12 @@ def find_store_root(explicit: str | os.PathLike[str] | None = None) -> Path:
     # Absolute, so symlinks made from it (`--data symlink`) resolve from anywhere.
     root = Path(os.path.abspath(root.expanduser()))
     if not root.is_dir():
+        if explicit is None and why != "$OLLAMA_MODELS":
+            raise StoreNotFoundError(
+                f"no model store at {root} or {SYSTEM_STORE} ($OLLAMA_MODELS is unset); "
+                "give one with --store DIR or $OLLAMA_MODELS, or write a demo one with "
+                "`modelfs demo-store DIR`"
+            )
         raise StoreNotFoundError(f"no model store at {root} ({why})")
     log.info("store: %s (%s)", root, why)
     return root

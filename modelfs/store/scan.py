@@ -41,7 +41,7 @@ from modelfs.store.manifest import (
 )
 from modelfs.store.names import Name, name_from_path_parts, parse_name
 from modelfs.store.prefetch import HEAD, cached, prefetch
-from modelfs.store.tagid import tag_id
+from modelfs.store.tagid import TagId, tag_ids
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,11 @@ class Problem:
 
     def __str__(self) -> str:
         return f"{self.path}: {self.message}"
+
+
+# What `verify` and `gc` call a stray (a file that is no model: kept, reported, GC goes on);
+# every command says it in that word.
+STRAY_KINDS = frozenset({"stray", "bad-blob", "removed-tag"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,9 +146,10 @@ class Entry:
     file: str  # the tag file's path, as listed
     rel: str  # the same, relative to the store's root (as problems name it)
     top: Manifest | ManifestList
-    mtime_ns: int
+    mtime_ns: int  # the tag file's (for a `manifests-v2/` link, the manifest blob's)
     variants: tuple[Variant, ...]
     absent_children: tuple[ListChild, ...] = ()
+    anchor_mtime_ns: int | None = None  # a `manifests-v2/` tag's legacy anchor's, if any
 
     @property
     def path(self) -> Path:
@@ -151,8 +157,13 @@ class Entry:
         return Path(self.file)
 
     @property
-    def mtime(self) -> float:
-        return self.mtime_ns / 1e9
+    def modified_ns(self) -> int:
+        """The tag's modified time, one for every command (`ls`, `ls --json`, `show`, the
+        mount's mtimes): for a tag with a legacy anchor beside its `manifests-v2/` link, the
+        anchor's mtime, since the anchor is what Ollama's /api/tags lists for it (ollama/ollama
+        fb30760 manifest/manifest.go:175-227, server/model_list_cache.go:311-330); else the
+        tag file's."""
+        return self.mtime_ns if self.anchor_mtime_ns is None else self.anchor_mtime_ns
 
     @property
     def digest(self) -> Digest:
@@ -170,15 +181,21 @@ class Entry:
         known = {v.manifest.digest: v.manifest for v in self.variants}
         return self.top.children[rank_children(self.top, prefer, known)[0]]
 
-    def tag_id(self, prefer: Iterable[str] = DEFAULT_PREFER) -> str:
+    def tag_ids(self, prefer: Iterable[str] = DEFAULT_PREFER) -> TagId:
         """The tag's ID as every command and log line shows it (store.tagid): for a list,
-        labelled with the child `prefer` makes this host use."""
+        with the child `prefer` makes this host use."""
         if not isinstance(self.top, ManifestList):
-            return tag_id(self.digest)
+            return tag_ids(self.digest)
         chosen = self.preferred(prefer)
         if chosen is None:
-            return tag_id(self.digest, is_list=True)
-        return tag_id(self.digest, is_list=True, child=chosen.manifest.digest, runner=chosen.runner)
+            return tag_ids(self.digest, is_list=True)
+        return tag_ids(
+            self.digest, is_list=True, child=chosen.manifest.digest, runner=chosen.runner
+        )
+
+    def tag_id(self, prefer: Iterable[str] = DEFAULT_PREFER) -> str:
+        """tag_ids as the sentence a table or log line shows."""
+        return str(self.tag_ids(prefer))
 
     def variant(self, runner: str) -> Variant | None:
         for v in self.variants:
@@ -325,7 +342,35 @@ class StoreIndex:
 
     def sorted_entries(self) -> list[Entry]:
         """Newest first, as `ollama list`; ties by name for a stable order."""
-        return sorted(self.entries.values(), key=lambda e: (-e.mtime_ns, e.name.shortest))
+        return sorted(self.entries.values(), key=lambda e: (-e.modified_ns, e.name.shortest))
+
+
+def ollama_entries(index: StoreIndex) -> list[Entry]:
+    """The tags Ollama's /api/tags would list, newest first by whole seconds, as its
+    sortListModelResponses (server/model_list_cache.go:865-870); ties by name.
+
+    Ollama at ollama/ollama fb30760 reads only `manifests/` (manifest/manifest.go:175-227):
+    for a tag that is a manifest list, the legacy anchor (the llamacpp child plus references
+    to the list's blobs) is what it lists; every legacy spelling (`Foo` and `foo`) is a model
+    of its own. A tag only in `manifests-v2/`, which it does not read, is listed after
+    Ollama's manifest-list branch: by its preferred child.
+    """
+    legacy = [e for e in index if e.source == "legacy"] + index.hidden
+    anchored = {e.name.key for e in index.hidden}
+    v2_only = [e for e in index if e.source == "v2" and e.name.key not in anchored]
+    return sorted(
+        legacy + v2_only, key=lambda e: (-(e.modified_ns // 1_000_000_000), e.name.shortest)
+    )
+
+
+def listed_tag(index: StoreIndex, entry: Entry) -> Entry:
+    """The tag a listed entry stands for: a list's legacy anchor stands for the list, whose
+    digest is the ID every other command shows (store.tagid)."""
+    if entry.source == "legacy":
+        shown = index.entries.get(entry.name.key)
+        if shown is not None and shown.source == "v2":
+            return shown
+    return entry
 
 
 def read_limited(path: Path | str, limit: int) -> bytes:
@@ -538,6 +583,9 @@ class Scanner:
             self.index.hidden.append(entry)
             if shown.source == "legacy":
                 self._problem("stray", rel, f"duplicate of {shown.file}")
+            elif shown.anchor_mtime_ns is None or entry.mtime_ns > shown.anchor_mtime_ns:
+                # Two legacy spellings of one anchor (Ollama lists both): the newer is its time.
+                shown.anchor_mtime_ns = entry.mtime_ns
 
     def _read_entry(self, name: Name, de: os.DirEntry[str], *, v2: bool) -> Entry:
         # Strings in this loop: it runs once per tag, and Path arithmetic was a fifth of it.

@@ -17,3 +17,8 @@ def human_bytes(n: int) -> str:
                 return f"{int(value)} {unit}"
             return f"{value:.1f} {unit}"
     return f"{n} B"
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """`1 model`, `2 models`, `0 models`: a count in words, never `(s)`."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"

@@ -15,6 +15,8 @@ that hosts share.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from modelfs.store.digest import Digest
 
 
@@ -24,20 +26,35 @@ def _short(digest: Digest | str) -> str:
     return digest.removeprefix("sha256:")[:12]
 
 
-def tag_id(
+@dataclass(frozen=True, slots=True)
+class TagId:
+    """A tag's ID as values (`--json` gives these fields); str() is the sentence a table shows."""
+
+    id: str
+    list: bool = False
+    child: str | None = None  # for a list: the runner of the child in use here
+    child_id: str | None = None  # for a list: that child's ID (its manifest's digest)
+
+    def __str__(self) -> str:
+        if not self.list:
+            return self.id
+        if self.child_id is None:
+            return f"{self.id} (list; no child here)"
+        return f"{self.id} (list; {self.child + ' ' if self.child else ''}child {self.child_id})"
+
+
+def tag_ids(
     digest: Digest | str,
     *,
     is_list: bool = False,
     child: Digest | str | None = None,
     runner: str | None = None,
-) -> str:
-    """`afc97e655288`, or for a manifest list
-    `afc97e655288 (list; llamacpp child 907dc2e74c5e)` (`no child here` when none is present).
-
-    `digest` is the tag's (the list's own for a list); `child` the list child in use here."""
-    short = _short(digest)
+) -> TagId:
+    """`digest` is the tag's (the list's own for a list); `child` the list child in use here.
+    str() of it: `afc97e655288`, or for a list `afc97e655288 (list; llamacpp child
+    907dc2e74c5e)` (`no child here` when none is present)."""
     if not is_list:
-        return short
+        return TagId(_short(digest))
     if child is None:
-        return f"{short} (list; no child here)"
-    return f"{short} (list; {runner + ' ' if runner else ''}child {_short(child)})"
+        return TagId(_short(digest), True)
+    return TagId(_short(digest), True, runner or None, _short(child))

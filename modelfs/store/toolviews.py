@@ -107,7 +107,7 @@ def tool_models(
                 tv = ToolVariant(v.manifest, {k: tuple(fs) for k, fs in by_kind.items()}, quant)
                 variants[v.manifest.digest] = tv
             shown.append(tv)
-        out.append(ToolModel(entry.name, entry.digest, entry.mtime_ns, tuple(shown)))
+        out.append(ToolModel(entry.name, entry.digest, entry.modified_ns, tuple(shown)))
     out.sort(key=lambda m: (m.name.full.casefold(), m.name.full))
     return out
 

@@ -36,7 +36,7 @@ from modelfs.store.layout import Layout
 from modelfs.store.leases import read_leases
 from modelfs.store.names import Name
 from modelfs.store.reach import Reach
-from modelfs.store.scan import StoreIndex
+from modelfs.store.scan import STRAY_KINDS, StoreIndex
 
 # -- what manifests say ------------------------------------------------------------------------
 
@@ -114,7 +114,7 @@ def survey(index: StoreIndex, reach: Reach) -> Survey:
             )
             with contextlib.suppress(InvalidDigestError):
                 foreign[Digest.parse(problem.path.rsplit("/", 1)[-1])] = problem.path
-        elif problem.kind in ("stray", "bad-blob", "removed-tag"):
+        elif problem.kind in STRAY_KINDS:
             message = words.get(problem.path, problem.message)
             out.stray.append((problem.path, _lsize(root, problem.path), message))
         elif problem.kind == "bad-manifest":

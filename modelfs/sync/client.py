@@ -41,7 +41,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 from urllib.parse import urljoin, urlsplit
@@ -137,9 +137,7 @@ def repositories(name: Name) -> list[str]:
 
 
 # -- the raw receiver -------------------------------------------------------------------------
-def _range_request(
-    conn: Conn, url: str, start: int, end: int, authorization: str | None
-) -> bytes:
+def _range_request(conn: Conn, url: str, start: int, end: int, authorization: str | None) -> bytes:
     """The bytes of a GET of `url`'s bytes `start` to `end` on `conn` (absolute-form through
     a forwarding proxy), with `authorization` when there is one."""
     scheme, host, port, target = _split_url(url)
@@ -324,9 +322,13 @@ class PeerSession:
         proof_token: str | None = None,
         unproved: frozenset[str] = frozenset(),
         tls: PeerTls | None = None,
+        daemon_host: str | None = None,
     ) -> None:
         self.http = http
         self.auth = registry_auth(http)
+        # A sync daemon's session: its peers are told who asks, and refusals name `token_file`.
+        self.auth.daemon = daemon_host is not None
+        self.auth.host_id = daemon_host
         self.read_timeout = read_timeout
         self.ssl_context = ssl_context
         self.proxies = proxies if proxies is not None else ProxyRules.from_environment()
@@ -336,6 +338,10 @@ class PeerSession:
         self.unproved = unproved
         # Pinned peers' TLS, shared with the httpx client's transport; `tls.update` on reload.
         self.tls = tls if tls is not None else PeerTls()
+        # Blob bytes received from each peer (by URL): of attempts that ended, and live
+        # counters of those under way, so a blob half sent counts as far as it came.
+        self._received: dict[str, int] = {}
+        self._receiving: dict[object, tuple[str, Callable[[], int]]] = {}
 
     @property
     def unproved(self) -> frozenset[str]:
@@ -351,6 +357,25 @@ class PeerSession:
     def peer(self, url: str) -> PeerClient:
         return PeerClient(url, self)
 
+    def received(self, url: str) -> int:
+        """Blob bytes received from the peer at `url` so far, blobs finished or not."""
+        live = sum(count() for u, count in list(self._receiving.values()) if u == url)
+        return self._received.get(url, 0) + live
+
+    def got(self, url: str, n: int) -> None:
+        self._received[url] = self._received.get(url, 0) + n
+
+    @contextlib.contextmanager
+    def receiving(self, url: str, count: Callable[[], int]) -> Iterator[None]:
+        """While in it, `count()` is what has come from `url` of a blob under way."""
+        key = object()
+        self._receiving[key] = (url, count)
+        try:
+            yield
+        finally:
+            del self._receiving[key]
+            self.got(url, count())
+
 
 @contextlib.asynccontextmanager
 async def peer_session(
@@ -362,13 +387,15 @@ async def peer_session(
     proof_token: str | None = None,
     unproved: frozenset[str] = frozenset(),
     pins: Mapping[str, str] | None = None,
+    daemon_host: str | None = None,
 ) -> AsyncIterator[PeerSession]:
     """Where every client of a peer is made: the httpx client signing in with `credentials`
     (a token file, `--username`, or else docker's; sync.tokenauth), and the same sign-in and
     proxies for the raw large-blob receiver. `push` asks registries for `pull,push`. With a
     `proof_token`, every peer but those in `unproved` must prove it holds that token, and
     is sent a proof that we do (never the token); `unproved` (registries) are sent none. A
-    peer URL in `pins` must present the certificate its pin names (sync.pins), on both paths."""
+    peer URL in `pins` must present the certificate its pin names (sync.pins), on both paths.
+    `daemon_host`: the session of the sync daemon of that host id."""
     verify: bool | ssl.SSLContext = ssl_context if ssl_context is not None else True
     proxies = ProxyRules.from_environment()
     tls = PeerTls(pins)
@@ -381,7 +408,9 @@ async def peer_session(
         tls=tls,
         peer_token=proof_token,
     ) as http:
-        yield PeerSession(http, read_timeout, ssl_context, proxies, proof_token, unproved, tls)
+        yield PeerSession(
+            http, read_timeout, ssl_context, proxies, proof_token, unproved, tls, daemon_host
+        )
 
 
 def _as_spelled(name: Name, spelled: str | None) -> Name:

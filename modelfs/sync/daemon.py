@@ -27,7 +27,9 @@ few seconds, and the process exits 0.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
+import math
 import os
 import signal
 import time
@@ -48,7 +50,7 @@ from modelfs.store.layout import Layout
 from modelfs.store.leases import HEARTBEAT, LeaseKeeper
 from modelfs.store.names import Name, parse_name
 from modelfs.store.scan import StoreIndex, child_runner
-from modelfs.store.tagid import tag_id
+from modelfs.store.tagid import TagId, tag_ids
 from modelfs.sync.client import peer_session
 from modelfs.sync.config import ConfigError, SyncConfig, load_config
 from modelfs.sync.credentials import Logins, read_credentials
@@ -72,6 +74,7 @@ from modelfs.sync.threads import run_unwrapped
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF = 3600.0
+SEEN_AGAIN_EVERY = 1.0  # seconds: a peer down and seen up since is listed at most this often
 LIST_TIMEOUT = 60.0  # at least; a listing may take up to the interval when that is longer
 GC_FIRST_DELAY = 5.0  # the first GC after a start (at most gc.interval): soon, once serving
 
@@ -93,10 +96,10 @@ class PeerState:
     failures: int = 0
     failed_at: float = 0.0  # trio clock, of the last failure
     listed_at: float = 0.0  # trio clock, when the last listing began
+    seen_at: float = -math.inf  # trio clock, when it was last up by another path than listing
     last_error: str | None = None
     last_ok: float | None = None  # wall clock
     models: dict[str, str] = field(default_factory=dict)  # shortest name -> digest hex
-    bytes_in: int = 0
     blobs_in: int = 0
     verify_failures: int = 0  # bytes that did not hash to the digest asked for
     registry: bool = False  # an OCI registry (`registries`): no proof of the token asked
@@ -106,9 +109,14 @@ class PeerState:
     scope: trio.CancelScope | None = None  # its listing task, cancelled when it leaves the config
 
     def next_try(self, interval: float) -> float:
-        """When to list it next (trio clock), by the interval in force now."""
+        """When to list it next (trio clock), by the interval in force now. A peer down and
+        seen up since by another path (its daemon called us, it sent a blob) is listed at
+        once, not after the rest of its back-off (at most once a second)."""
         if self.failures:
-            return self.failed_at + backoff(self.failures, interval)
+            due = self.failed_at + backoff(self.failures, interval)
+            if self.seen_at > self.failed_at:
+                due = min(due, max(self.seen_at, self.listed_at + SEEN_AGAIN_EVERY))
+            return due
         return self.listed_at + interval
 
     def failed(self, exc: BaseException, interval: float) -> None:
@@ -198,7 +206,8 @@ class Daemon:
         self.url = ""
         self.pin: str | None = None  # of this host's own certificate, for its peers' configs
         self.local: dict[str, str] = {}  # this store's names -> digests, at the last round
-        self.ids: dict[str, str] = {}  # the same names -> their IDs as `ls`/`show` (store.tagid)
+        # The same names -> their IDs as `ls`/`show` give them (store.tagid).
+        self.ids: dict[str, TagId] = {}
         self.spelling: dict[tuple[str, str, str, str], str] = {}  # Name.key -> the name here
         self.keeper = LeaseKeeper(layout, "sync", ttl=config.gc.lease_ttl, host=config.host_id)
         self._wakes: dict[str, trio.Event] = {}  # one per periodic loop
@@ -264,9 +273,27 @@ class Daemon:
             len(self.config.sources),
             list(self.config.replicate),
         )
-        self._reloaded.set()  # sleeping loops reckon their next run again
-        self._reloaded = trio.Event()
+        self._reckon()
         self.wake()
+
+    def _reckon(self) -> None:
+        """Sleeping loops reckon their next run again (a reload, a peer seen up again)."""
+        self._reloaded.set()
+        self._reloaded = trio.Event()
+
+    def seen(self, url: str) -> None:
+        """The peer at `url` is up, by another path than its listing: if it is down here,
+        it is listed again now rather than at the end of its back-off."""
+        peer = self.peers.get(url)
+        if peer is not None and peer.failures:
+            peer.seen_at = trio.current_time()
+            self._reckon()
+
+    def contacted(self, host_id: str) -> None:
+        """A request came from the sync daemon of `host_id`: that peer is up."""
+        for peer in self.peers.values():
+            if peer.host_id == host_id and not peer.registry:
+                self.seen(peer.url)
 
     # -- the whole daemon ---------------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
@@ -286,6 +313,7 @@ class Daemon:
         self.app = app
         app.extra_status = self.status
         app.extra_metrics = self.metrics
+        app.on_contact = self.contacted
         if config.mirror is not None:
             # The upstream gets docker's credentials (`docker_config`), never our token.
             app.mirror = Mirror(
@@ -306,6 +334,7 @@ class Daemon:
                 proof_token=token,
                 unproved=self._registries(),
                 pins=self.config.pins,
+                daemon_host=config.host_id,
             ) as self.session,
             leased(self.keeper, strict=False, heartbeat=heartbeat) as self.lease,
             contextlib.AsyncExitStack() as stack,
@@ -407,7 +436,7 @@ class Daemon:
         index = await self.index()
         local = {e.name.shortest: e.digest.hex for e in index}
         self.local = local
-        self.ids = {e.name.shortest: e.tag_id(config.prefer) for e in index}
+        self.ids = {e.name.shortest: e.tag_ids(config.prefer) for e in index}
         self.spelling = {e.name.key: e.name.shortest for e in index}
         wanted: dict[str, tuple[str, list[str]]] = {}
         for peer in self.peers.values():  # config order: the first peer's version wins
@@ -425,7 +454,7 @@ class Daemon:
         todo: dict[str, tuple[str, list[str], str]] = {}
         for name, (digest, sources) in sorted(wanted.items()):
             if local.get(name) != digest:
-                why = f"the peers have {tag_id(digest)}" if name in local else "not here yet"
+                why = f"the peers have {tag_ids(digest)}" if name in local else "not here yet"
             else:
                 child = index.lacks_wanted(index.lookup(name), config.prefer)
                 if child is None:
@@ -539,12 +568,14 @@ class Daemon:
             del self.transfers[name]
         self.app.changed()  # the next round sees what the pull wrote
         self.pulled += 1
+        for url in sources:
+            self.seen(url)  # it sent a model: up, whatever its last listing met
         self.behind.pop(name, None)
         self.local[name] = digest
         try:
-            shown = (await self.index()).lookup(name).tag_id(self.config.prefer)
+            shown = (await self.index()).lookup(name).tag_ids(self.config.prefer)
         except StoreError:  # gone again already: the digest is all there is to show
-            shown = tag_id(digest)
+            shown = tag_ids(digest)
         self.ids[name] = shown
         for result in report.models:
             for url in result.avoided:
@@ -552,7 +583,6 @@ class Daemon:
                     self.peers[url].verify_failures += 1
             peer = self.peers.get(sources[0])
             if peer is not None:
-                peer.bytes_in += result.fetched_bytes
                 peer.blobs_in += result.fetched
             log.info(
                 "replicated %s %s from %s: %d blob(s), %d bytes",
@@ -672,7 +702,7 @@ class Daemon:
                 "interval": self.config.interval,
                 "replicate": list(self.config.replicate),
                 "models": self.local,
-                "ids": self.ids,
+                "ids": {n: dataclasses.asdict(i) for n, i in self.ids.items()},
                 "pulled": self.pulled,
                 "pull_failures": self.pull_failures,
                 "max_transfers": self.config.max_transfers,
@@ -717,7 +747,7 @@ class Daemon:
                     "last_ok": p.last_ok,
                     "error": p.last_error,
                     "models": p.models,
-                    "bytes_in": p.bytes_in,
+                    "bytes_in": self.session.received(p.url),
                     "blobs_in": p.blobs_in,
                     "verify_failures": p.verify_failures,
                     "proof": self._proof(p),
@@ -765,8 +795,8 @@ class Daemon:
             (
                 "peer_bytes_received_total",
                 "counter",
-                "Blob bytes pulled, by peer.",
-                [(label(p.url), p.bytes_in) for p in peers],
+                "Blob bytes received, by peer (of blobs finished or not).",
+                [(label(p.url), self.session.received(p.url)) for p in peers],
             ),
             (
                 "peer_blobs_received_total",

@@ -193,6 +193,11 @@ class Transfer:
         with self.cond:
             return self.done.total()
 
+    def received(self) -> int:
+        """Bytes this attempt brought (on disk now, not before it)."""
+        with self.cond:
+            return self.done.total() - self.on_disk.total()
+
     def segment_at(self, pos: int) -> _Segment:
         """Block until the segment that starts at `pos` has arrived; Stopped on stop."""
         with self.cond:

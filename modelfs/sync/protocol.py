@@ -15,7 +15,8 @@ MANIFEST_ACCEPT = ", ".join((MEDIA_LIST, MEDIA_MANIFEST, MEDIA_OCI_MANIFEST))
 DIGEST_HEADER = "Docker-Content-Digest"
 API_VERSION_HEADER = ("Docker-Distribution-API-Version", "registry/2.0")
 # A modelfs server names its host (`host_id`) on every answer, so a daemon shows its peers
-# by name; a daemon takes it only from an answer that proved the shared token.
+# by name; a daemon takes it only from an answer that proved the shared token. A daemon's
+# requests to its peers carry it too: a peer that has it down lists it again at once.
 HOST_HEADER = "Modelfs-Host"
 # A modelfs server's `tags/list` answer also gives, in step with `tags`, each model's name
 # as its store spells it: the repository is lowercase (OCI), the store's names need not be.

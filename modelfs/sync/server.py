@@ -100,6 +100,7 @@ from modelfs.sync.protocol import (
     API_VERSION_HEADER,
     DIGEST_HEADER,
     HOST_HEADER,
+    MAX_HOST_ID,
     NAMES_FIELD,
     name_from_repository,
 )
@@ -562,6 +563,8 @@ class RegistryApp:
         # The sync daemon adds its own state to /modelfs/v1/status and /metrics.
         self.extra_status: Callable[[], dict[str, Any]] | None = None
         self.extra_metrics: Callable[[], list[MetricFamily]] | None = None
+        # And hears of each request another daemon sends (its host id, protocol.HOST_HEADER).
+        self.on_contact: Callable[[str], None] | None = None
 
     # -- the snapshot --------------------------------------------------------------------
     def changed(self) -> None:
@@ -724,6 +727,8 @@ class RegistryApp:
         Bearer or Basic password, gets a short-lived token for this server."""
         header = request.headers.get("authorization", "")
         try:
+            if not header.strip():
+                raise Refused("no credential sent")
             if header.split(" ", 1)[0].lower() in ("bearer", "basic"):
                 given = _credential(header)
                 if given is None or not self.access.static_ok(given):
@@ -756,6 +761,9 @@ class RegistryApp:
             await self._token(request, send)
             return
         self.check_access(request)
+        if self.on_contact is not None and (caller := request.headers.get(HOST_HEADER.lower())):
+            # Allowed in, so one of our own: a sync daemon of that host id is up.
+            self.on_contact(caller[:MAX_HOST_ID])
         if request.method not in READ_ONLY_METHODS:
             raise HTTPError(
                 405,

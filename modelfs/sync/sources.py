@@ -90,7 +90,7 @@ class Sources:
         self.failed(peer, exc)
         if isinstance(exc, PeerLiedError):
             avoided[peer.url] = str(exc)
-            log.warning("%s; not using %s again for %s", exc, peer.url, digest)
+            log.warning("%s; not asking %s for %s again in this try", exc, peer.url, digest)
         else:
             log.info("%s", exc)
 

@@ -43,6 +43,7 @@ import trio
 from modelfs.runtime.keyedlocks import KeyedLocks
 from modelfs.sync.credentials import Credentials, CredentialsError, Logins
 from modelfs.sync.errors import PeerAuthError, PeerError
+from modelfs.sync.protocol import HOST_HEADER
 from modelfs.sync.signin import peer_authorization
 
 log = logging.getLogger(__name__)
@@ -170,6 +171,11 @@ class RegistryAuth(httpx.Auth):
         # answered with credentials (the 401 stands).
         self.peer_token = peer_token
         self.registries: frozenset[str] = frozenset()
+        # In a sync daemon (its PeerSession sets it): a host not in `registries` is a peer,
+        # told of in the daemon's words (`token_file`), and told who is asking (`host_id`, in
+        # protocol.HOST_HEADER), so that a peer that had us down lists us again at once.
+        self.daemon = False
+        self.host_id: str | None = None
         self._challenges: dict[str, Challenge] = {}  # origin -> the last challenge seen
         self._tokens: dict[tuple[str, str, tuple[str, ...]], tuple[str, float]] = {}
         self._lock = threading.Lock()
@@ -185,6 +191,8 @@ class RegistryAuth(httpx.Auth):
         self, request: httpx.Request
     ) -> AsyncGenerator[httpx.Request, httpx.Response]:
         url, method = str(request.url), request.method
+        if self.daemon and self.host_id and origin(url) not in self.registries:
+            request.headers[HOST_HEADER] = self.host_id
         sent = await self.header(url, method)
         if sent is not None:
             request.headers["Authorization"] = sent
@@ -365,7 +373,7 @@ class RegistryAuth(httpx.Auth):
             whose = creds.who if creds is not None else "no credentials"
             raise PeerAuthError(
                 f"{host}: the token service {realm} refused {what} for {whose} "
-                f"({response.status_code}){_hint(host, creds)}"
+                f"({response.status_code}){self._hint(host, creds)}"
             )
         if not response.is_success:
             raise PeerError(
@@ -388,6 +396,24 @@ class RegistryAuth(httpx.Auth):
         # again sooner, and the cache drops each one some time.
         return token, min(expires_in, MAX_EXPIRY)
 
+    def _hint(self, host: str, creds: Credentials | None) -> str:
+        """How to get past a refusal, in the words of where the credential is set: a sync
+        daemon's peer takes the `token_file` every host shares; a registry takes docker's
+        credentials or the command's options."""
+        if self.daemon and host not in self.registries:
+            if self.peer_token is None:
+                return (
+                    "; this daemon has no `token_file`: give it the one its peers share "
+                    "(the same token on every host)"
+                )
+            return "; it holds another token: give every host the same `token_file`"
+        if creds is not None:
+            return ""
+        return (
+            f"; give credentials for {host}: `docker login {host}`, "
+            "--username with --password-stdin, or --token-file"
+        )
+
     def refused(self, url: str, method: str, status: int) -> PeerAuthError:
         host = origin(url)
         scope = scope_for(url, method, self.push) or "access"
@@ -397,14 +423,5 @@ class RegistryAuth(httpx.Auth):
             creds = None
         whose = f"for {creds.who}" if creds is not None else "without credentials"
         return PeerAuthError(
-            f"{method} {url}: {status}, {host} refused {scope} {whose}{_hint(host, creds)}"
+            f"{method} {url}: {status}, {host} refused {scope} {whose}{self._hint(host, creds)}"
         )
-
-
-def _hint(host: str, creds: Credentials | None) -> str:
-    if creds is not None:
-        return ""
-    return (
-        f"; give credentials for {host}: `docker login {host}`, "
-        "--username with --password-stdin, or --token-file"
-    )

@@ -136,6 +136,7 @@ class BlobFetcher:
             except SyncError as exc:
                 sources.avoid(peer, exc, result.avoided, digest)
                 continue
+            peer.session.got(peer.url, len(data))
             await trio.to_thread.run_sync(self._install_bytes, digest, data)
             return
         raise one_error(sources.errors, f"blob {digest}")
@@ -174,7 +175,8 @@ class BlobFetcher:
                 transfer = Transfer(partial, gaps, pool)
                 live[digest] = transfer.completed
                 try:
-                    got = await attempt(self.layout, opts, name, peer, transfer, workers)
+                    with peer.session.receiving(peer.url, transfer.received):
+                        got = await attempt(self.layout, opts, name, peer, transfer, workers)
                 except SyncError as exc:
                     if isinstance(exc, LocalWriteError):
                         raise
