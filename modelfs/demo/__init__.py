@@ -24,6 +24,9 @@ and every name is its sha256):
     `manifests/registry.ollama.ai/library/gemma4/26b`, the legacy downgrade anchor: the
     llamacpp child's manifest plus layers that reference the list blob and both child manifest
     blobs, so an old Ollama's prune keeps them. It is hidden by the v2 entry.
+    `manifests/registry.ollama.ai/library/gemma4/26b-mlx`: the mlx child's own bytes, so that
+    prune keeps the mlx variant's blobs too (`gemma4:26b-mlx` to `ollama list`). The tag is
+    written by `store.listtag.write_list_tag`, as `modelfs pull --all-variants` writes it.
 `llama3.2:3b` (Q4_K_M) and `qwen3:0.6b` (Q8_0): legacy manifests sharing template and license
     blobs. **`llama3.2:3b`'s model blob is the one llama.cpp can load vocabulary-only**: arch
     `llama`, a byte-level BPE (`gpt2`, pre `llama-bpe`) vocabulary with all 256 byte tokens,
@@ -55,6 +58,7 @@ from modelfs.demo.build import build_demo_store
 from modelfs.demo.cli import main, parse_size
 from modelfs.demo.records import (
     GEMMA,
+    GEMMA_MLX,
     LLAMA,
     QWEN,
     SMOL,
@@ -68,6 +72,7 @@ from modelfs.demo.records import (
 
 __all__ = [
     "GEMMA",
+    "GEMMA_MLX",
     "LLAMA",
     "QWEN",
     "SMOL",
