@@ -24,10 +24,14 @@ from pathlib import Path
 import pytest
 
 from modelfs.demo import GEMMA, GEMMA_MLX, DemoStore, build_demo_store
+from modelfs.store.digest import Digest
 from modelfs.store.layout import Layout
+from modelfs.store.manifest import MEDIA_LIST, ManifestList, parse_manifest
 from modelfs.store.names import parse_name
-from modelfs.store.scan import scan_store
+from modelfs.store.scan import DEFAULT_PREFER, scan_store
+from modelfs.sync.manifests import ManifestWriter
 from tests import ollama_local as ollama
+from tests.builders import TinyStore
 from tests.test_daemon import complete, daemon, wait_until
 from tests.test_mirror import NO_PROXY, mirror
 from tests.test_mirror import pull as pull_through
@@ -148,3 +152,28 @@ def test_sync_daemon(demo: DemoStore, tmp_path: Path, prefer: str) -> None:
 
             wait_until(done, 60, "gemma4:26b and gemma4:26b-mlx replicated")
     survives_startup_prune(store, must_show={(GEMMA, prefer), (GEMMA_MLX, None)})
+
+
+def test_a_list_of_inline_children(tmp_path: Path) -> None:
+    """A list whose children are inline (no manifest blob of their own), both here, written
+    as a pull writes it: the child the anchor is not still gets its legacy file (its
+    re-marshalled bytes, whose hash is its digest), so the prune keeps its layers too."""
+    s = TinyStore(tmp_path / "s")
+    gguf = json.loads(s.manifest([s.layer("model", b"gguf weights")], runner="llamacpp"))
+    mlx = json.loads(
+        s.manifest(
+            [s.layer("tensor", b"\x01" * 64, name="w")],
+            {"model_format": "safetensors", "model_family": "gemma4"},
+            runner="mlx",
+            format="safetensors",
+        )
+    )
+    raw = json.dumps({"schemaVersion": 2, "mediaType": MEDIA_LIST, "manifests": [gguf, mlx]})
+    lst = parse_manifest(raw.encode(), "inline")
+    assert isinstance(lst, ManifestList) and all(c.inline for c in lst.children)
+    name = parse_name("inline:1")
+    children = [(i, None, c.inline) for i, c in enumerate(lst.children) if c.inline]
+    ManifestWriter(s.layout, DEFAULT_PREFER).write_list(name, raw.encode(), lst, children)
+    variant = s.layout.legacy_manifest(name.with_tag("1-mlx"))
+    assert Digest.of_bytes(variant.read_bytes()) == lst.children[1].digest
+    survives_startup_prune(s.root, must_show={("inline:1", "llamacpp"), ("inline:1", "mlx")})
