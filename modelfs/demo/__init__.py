@@ -30,10 +30,10 @@ and every name is its sha256):
 `llama3.2:3b` (Q4_K_M) and `qwen3:0.6b` (Q8_0): legacy manifests sharing template and license
     blobs. **`llama3.2:3b`'s model blob is the one llama.cpp can load vocabulary-only**: arch
     `llama`, a byte-level BPE (`gpt2`, pre `llama-bpe`) vocabulary with all 256 byte tokens,
-    merges whose every result is a token, and control tokens for bos/eos/eot. (In fact every
-    model.gguf and draft.gguf here loaded in llama.cpp, vocabulary-only and with weights,
-    when this was written: llama-cpp-python 0.3.36. The weights are noise; the mmproj was not
-    tried.)
+    merges whose every result is a token, and control tokens for bos/eos/eot. Every model.gguf
+    and draft.gguf here runs in llama.cpp: tests/test_llama.py generates tokens greedily from
+    each, from its blob and through a mount, and compares them (llama-cpp-python 0.3.36). The
+    weights are seeded noise, so the tokens are gibberish; the mmproj is not run there.
 `someuser/tiny:q8`: a user namespace, with a system prompt layer.
 `hf.co/bartowski/SmolLM2-135M-Instruct-GGUF:Q4_K_M`: another host; its 576-wide rows cannot use
     K-quants, so its Q4_K_M is Q5_0/Q8_0, as llama.cpp's quantizer falls back.
