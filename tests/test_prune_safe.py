@@ -119,6 +119,18 @@ def test_pull(demo: DemoStore, tmp_path: Path, args: tuple[str, ...], runners: s
     survives_startup_prune(store, must_show={(GEMMA, runner) for runner in runners})
 
 
+def test_pull_one_child_then_another(demo: DemoStore, tmp_path: Path) -> None:
+    """`modelfs pull gemma4:26b`, later `modelfs pull gemma4:26b --prefer mlx` into the same
+    store: the second pull fetches the mlx child only, and the llamacpp child it found here
+    must stay named by a legacy file (the anchor), not be dropped from it."""
+    store = tmp_path / "b"
+    with modelfs_serve(demo.root) as url:
+        for args in ((), ("--prefer", "mlx")):
+            r = pull(store, GEMMA, *args, "--from", url)
+            assert r.returncode == 0, r.stderr
+    survives_startup_prune(store, must_show={(GEMMA, "llamacpp"), (GEMMA, "mlx")})
+
+
 def test_mirror(demo: DemoStore, tmp_path: Path) -> None:
     """A mirror keeps the list from the child one client took, then adds the child another
     client took: after each, its store survives the prune."""

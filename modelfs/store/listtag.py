@@ -22,6 +22,8 @@ from pathlib import Path
 from modelfs.store.blobs import BlobStore
 from modelfs.store.digest import Digest
 from modelfs.store.errors import StoreError
+from modelfs.store.fileio import read_file
+from modelfs.store.layout import Layout
 from modelfs.store.manifest import (
     MAX_MANIFEST_BYTES,
     MEDIA_LIST,
@@ -72,6 +74,27 @@ def _child_media_type(list_raw: bytes, index: int) -> str:
     return value if isinstance(value, str) and value else MEDIA_MANIFEST
 
 
+def present_children(layout: Layout, lst: ManifestList) -> list[tuple[int, Manifest]]:
+    """The children of `lst` that are whole in the store: the manifest (inline, or a blob
+    whose bytes hash to the child's digest) and every blob it names, of the size it says."""
+    store = BlobStore(layout)
+    whole: list[tuple[int, Manifest]] = []
+    for i, child in enumerate(lst.children):
+        manifest = child.inline
+        if manifest is None:
+            try:
+                raw = read_file(layout.blob(child.digest), MAX_MANIFEST_BYTES)
+                parsed = parse_manifest(raw, f"blobs/{child.digest.blob_name}")
+            except (OSError, StoreError):
+                continue  # not fetched, or not a manifest: not a child that is here
+            if Digest.of_bytes(raw) != child.digest or not isinstance(parsed, Manifest):
+                continue
+            manifest = parsed
+        if all(store.has(d, size) for d, size in manifest.blob_sizes().items()):
+            whole.append((i, manifest))
+    return whole
+
+
 def write_list_tag(
     store: BlobStore,
     name: Name,
@@ -81,8 +104,9 @@ def write_list_tag(
     prefer: Sequence[str],
 ) -> list[Path]:
     """Write the tag `name` for the list `list_raw` (parsed: `lst`), whose children at the
-    given indexes are here (their manifests parsed, every blob they name in `blobs/`), the way
-    Ollama's manifest-list migration leaves a store:
+    given indexes are here (their manifests parsed, every blob they name in `blobs/`), with
+    every other child that is whole here too (`present_children`), the way Ollama's
+    manifest-list migration leaves a store:
 
     1. each present child the list references by digest, as a blob `blobs/sha256-<child>`
        (exact bytes; an inline child has no blob of its own);
@@ -100,9 +124,14 @@ def write_list_tag(
     Lists after their children, the anchor last: each file only names what is already there.
     Returns the paths written, in that order (the v2 entry first).
     """
-    if not present:
+    # Children already here from an earlier write (another `--prefer`) count too: the anchor
+    # and the variant files are rewritten from all of them, or what names them would be lost.
+    given = dict(present)
+    for i, manifest in present_children(store.layout, lst):
+        given.setdefault(i, manifest)
+    if not given:
         raise StoreError(f"{name.shortest}: no child of its manifest list is here")
-    present = sorted(present, key=lambda c: c[0])
+    present = sorted(given.items())
     ours = {c.digest for c in lst.children} | _list_children(store, name)
     refs: list[tuple[str, Digest, int]] = []
     for i, manifest in present:
