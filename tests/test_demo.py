@@ -16,6 +16,7 @@ from safetensors import safe_open
 
 from modelfs.demo import (
     GEMMA,
+    GEMMA_MLX,
     LLAMA,
     QWEN,
     SMOL,
@@ -85,7 +86,8 @@ def _kv(reader: gguf.GGUFReader, key: str):
 def test_every_manifest_layer_is_a_verified_blob(demo: DemoStore) -> None:
     root = demo.root
     named = _named_files(root)
-    assert len(named) == 6  # 5 legacy files (one the gemma4 anchor) + 1 v2 entry
+    # 6 legacy files (the gemma4 anchor and gemma4:26b-mlx among them) + 1 v2 entry
+    assert len(named) == 7
     runnable = 0
     for path in named:
         obj = json.loads(path.read_bytes())
@@ -104,7 +106,7 @@ def test_every_manifest_layer_is_a_verified_blob(demo: DemoStore) -> None:
             for layer in m["layers"]:
                 _check_ref(root, layer)
             runnable += 1
-    assert runnable == 7
+    assert runnable == 8
 
 
 def test_summary_matches_disk(demo: DemoStore) -> None:
@@ -129,9 +131,18 @@ def test_manifest_paths_are_valid_names(demo: DemoStore) -> None:
     for path, v2 in _named_files(demo.root).items():
         top = demo.root / ("manifests-v2" if v2 else "manifests")
         names.add(name_from_path_parts(path.relative_to(top).parts, v2=v2).shortest)
-    assert names == set(demo.names)
+    assert names == set(demo.tags)
     assert (demo.root / "manifests" / "hf.co" / "bartowski").is_dir()
     assert (demo.root / "manifests" / "registry.ollama.ai" / "someuser" / "tiny" / "q8").is_file()
+
+
+def test_the_mlx_child_is_named_by_a_legacy_file_of_its_own(demo: DemoStore) -> None:
+    """`gemma4:26b-mlx`: the mlx child's own bytes, as `modelfs pull --all-variants` writes
+    it, so that an Ollama reading only `manifests/` keeps the mlx variant's blobs."""
+    variant = demo.variant_anchors[GEMMA_MLX]
+    assert variant.path == demo.root / "manifests/registry.ollama.ai/library/gemma4/26b-mlx"
+    assert variant.path.read_bytes() == demo.manifests[f"{GEMMA}@mlx"].raw == variant.raw
+    assert variant.path.stat().st_mtime == demo.mtimes[GEMMA_MLX] < demo.mtimes[TINY]
 
 
 def test_v2_entry_is_a_relative_symlink_to_the_list_blob(demo: DemoStore) -> None:

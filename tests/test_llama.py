@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from modelfs.demo import VOCAB_ONLY_MODEL, build_demo_store
+from modelfs.demo import GEMMA, VOCAB_ONLY_MODEL, build_demo_store
+from modelfs.fsd.builder import short_path
 from modelfs.store.digest import Digest
 from modelfs.store.layout import Layout
 from modelfs.store.names import parse_name
@@ -63,3 +67,61 @@ def test_llama_cpp_loads_a_gguf_by_its_lmstudio_path(tmp_path: Path) -> None:
         direct = llama_cpp.Llama(model_path=str(model), vocab_only=True, verbose=False)
         assert lms.tokenize(text, add_bos=False) == direct.tokenize(text, add_bos=False)
         assert lms.n_vocab() == direct.n_vocab() > 100
+
+
+# Run in a child process: a GGUF llama.cpp cannot run may crash it (SIGSEGV in llama_decode),
+# which must fail the test, not end pytest. Each line of stdout: path, then 8 token ids.
+_GENERATE = """
+import json, sys, llama_cpp
+for path in sys.argv[1:]:
+    print("decoding", path, file=sys.stderr, flush=True)
+    llm = llama_cpp.Llama(model_path=path, n_ctx=64, n_threads=2, seed=0, verbose=False)
+    prompt = llm.tokenize(b"hello world", add_bos=True)
+    out = []
+    for token in llm.generate(prompt, temp=0.0, top_k=1, reset=True):
+        out.append(int(token))
+        if len(out) == 8:
+            break
+    print(json.dumps([path, llm.n_vocab(), out]), flush=True)
+"""
+
+
+def generate(paths: list[Path]) -> dict[Path, list[int]]:
+    """8 token ids llama.cpp generates greedily (temperature 0) from each GGUF after the
+    prompt `hello world`."""
+    done = subprocess.run(
+        [sys.executable, "-c", _GENERATE, *map(str, paths)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    out = {}
+    for line in done.stdout.splitlines():
+        path, n_vocab, tokens = json.loads(line)
+        assert len(tokens) == 8 and all(0 <= t < n_vocab for t in tokens), (path, tokens)
+        out[Path(path)] = tokens
+    assert list(out) == paths
+    return out
+
+
+def test_llama_cpp_generates_the_same_tokens_from_the_mount_and_the_blob(tmp_path: Path) -> None:
+    """Every GGUF model of the demo store (each model.gguf, and gemma4's draft.gguf) holds
+    weights llama.cpp runs: 8 tokens generated greedily from `MOUNT/<model>/<tag>/model.gguf`
+    are the tokens generated from the blob itself."""
+    root = tmp_path / "models"
+    demo = build_demo_store(root)
+    mnt = tmp_path / "mnt"
+    wanted: list[tuple[str, str]] = [(GEMMA, "model.gguf"), (GEMMA, "draft.gguf")]
+    wanted += [(n, "model.gguf") for n in demo.names if n != GEMMA]
+    with mounted(root, mnt):
+        mounted_paths = [mnt.joinpath(*short_path(parse_name(n)), f) for n, f in wanted]
+        blob_paths = [
+            Layout(root).blob(Digest.parse(os.getxattr(p, "user.modelfs.digest").decode()))
+            for p in mounted_paths
+        ]
+        through_mount = generate(mounted_paths)
+    from_blob = generate(blob_paths)
+    for (name, file), m, b in zip(wanted, mounted_paths, blob_paths, strict=True):
+        assert through_mount[m] == from_blob[b], (name, file)

@@ -131,7 +131,7 @@ def test_curl_fetches_a_blob_byte_exact(demo: DemoStore, tmp_path: Path) -> None
         r = curl("-f", f"{url}/v2/_catalog")
         assert "library/gemma4" in json.loads(r.stdout)["repositories"]
         status = json.loads(curl("-f", f"{url}/modelfs/v1/status").stdout)
-        assert status["models"] == len(demo.names)
+        assert status["models"] == len(demo.tags)
         assert status["blobs_served"] >= 3
     err = proc.stderr
     assert err is not None
@@ -182,7 +182,7 @@ def test_skopeo_inspect_and_list_tags(demo: DemoStore) -> None:
         )
         assert raw == smol.raw
         tags = json.loads(skopeo("list-tags", f"docker://{hostport}/library/gemma4"))
-        assert tags["Tags"] == ["26b"]
+        assert tags["Tags"] == ["26b", "26b-mlx"]
 
 
 @needs_curl

@@ -1025,7 +1025,7 @@ async def test_status_and_metrics(demo: DemoStore) -> None:
         status = r.json()
         assert status["host_id"] == "gpu-01"
         assert status["store"] == str(demo.root.absolute())
-        assert status["models"] == len(demo.names)
+        assert status["models"] == len(demo.tags)
         assert status["blobs"] == len(demo.blobs)
         assert status["requests"] == 4
         assert status["bytes_served"] >= layer.size + 10
@@ -1050,7 +1050,7 @@ async def test_status_and_metrics(demo: DemoStore) -> None:
         assert samples['modelfs_http_requests_total{method="GET",code="404"}'] == 1
         assert samples["modelfs_blobs_served_total"] == 2
         assert samples["modelfs_bytes_served_total"] >= layer.size + 10
-        assert samples["modelfs_models"] == len(demo.names)
+        assert samples["modelfs_models"] == len(demo.tags)
         assert samples["modelfs_blobs"] == len(demo.blobs)
         assert "modelfs_uptime_seconds" in samples
 

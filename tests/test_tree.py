@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import weakref
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -174,6 +175,10 @@ def test_lazy_directories_show_what_an_eager_build_shows(demo_index: StoreIndex,
         assert blob.links == sum(n is blob for n in paths.values())
     # Every model shows the same files in each of its places.
     compared = 0
+    # gemma4:26b-mlx is the bytes of gemma4:26b's mlx child: one digest, two tags.
+    held_by = Counter(
+        d for e in demo_index for d in {e.digest, *(v.manifest.digest for v in e.variants)}
+    )
     for entry in demo_index:
         preferred = entry.preferred()
         if preferred is None:
@@ -190,7 +195,8 @@ def test_lazy_directories_show_what_an_eager_build_shows(demo_index: StoreIndex,
         files = relative(paths, short)
         assert files and "/Modelfile" in files and "/.ollama/status" in files
         assert relative(paths, "/.by-name/" + "/".join(entry.name.legacy_parts())) == files
-        assert relative(paths, f"/.by-digest/{entry.digest.hex}") == files
+        if held_by[entry.digest] == 1:  # else its Modelfile names one of the tags holding it
+            assert relative(paths, f"/.by-digest/{entry.digest.hex}") == files
         compared += 1
     assert compared >= 4
     assert set(relative(paths, "/.blobs")) == {f"/{b}" for b in demo_index.blob_names}

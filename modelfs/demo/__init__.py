@@ -24,13 +24,16 @@ and every name is its sha256):
     `manifests/registry.ollama.ai/library/gemma4/26b`, the legacy downgrade anchor: the
     llamacpp child's manifest plus layers that reference the list blob and both child manifest
     blobs, so an old Ollama's prune keeps them. It is hidden by the v2 entry.
+    `manifests/registry.ollama.ai/library/gemma4/26b-mlx`: the mlx child's own bytes, so that
+    prune keeps the mlx variant's blobs too (`gemma4:26b-mlx` to `ollama list`). The tag is
+    written by `store.listtag.write_list_tag`, as `modelfs pull --all-variants` writes it.
 `llama3.2:3b` (Q4_K_M) and `qwen3:0.6b` (Q8_0): legacy manifests sharing template and license
     blobs. **`llama3.2:3b`'s model blob is the one llama.cpp can load vocabulary-only**: arch
     `llama`, a byte-level BPE (`gpt2`, pre `llama-bpe`) vocabulary with all 256 byte tokens,
-    merges whose every result is a token, and control tokens for bos/eos/eot. (In fact every
-    model.gguf and draft.gguf here loaded in llama.cpp, vocabulary-only and with weights,
-    when this was written: llama-cpp-python 0.3.36. The weights are noise; the mmproj was not
-    tried.)
+    merges whose every result is a token, and control tokens for bos/eos/eot. Every model.gguf
+    and draft.gguf here runs in llama.cpp: tests/test_llama.py generates tokens greedily from
+    each, from its blob and through a mount, and compares them (llama-cpp-python 0.3.36). The
+    weights are seeded noise, so the tokens are gibberish; the mmproj is not run there.
 `someuser/tiny:q8`: a user namespace, with a system prompt layer.
 `hf.co/bartowski/SmolLM2-135M-Instruct-GGUF:Q4_K_M`: another host; its 576-wide rows cannot use
     K-quants, so its Q4_K_M is Q5_0/Q8_0, as llama.cpp's quantizer falls back.
@@ -55,6 +58,7 @@ from modelfs.demo.build import build_demo_store
 from modelfs.demo.cli import main, parse_size
 from modelfs.demo.records import (
     GEMMA,
+    GEMMA_MLX,
     LLAMA,
     QWEN,
     SMOL,
@@ -68,6 +72,7 @@ from modelfs.demo.records import (
 
 __all__ = [
     "GEMMA",
+    "GEMMA_MLX",
     "LLAMA",
     "QWEN",
     "SMOL",

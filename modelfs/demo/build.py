@@ -22,6 +22,7 @@ from modelfs.demo.records import (
     DAY,
     EPOCH,
     GEMMA,
+    GEMMA_MLX,
     LLAMA,
     MEDIA_LICENSE,
     MEDIA_PARAMS,
@@ -72,12 +73,15 @@ def build_demo_store(root: Path, *, weight_bytes: int = 0) -> DemoStore:
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     w = Writer(root)
-    # Newest first: gemma4:26b, qwen3, llama3.2, hf.co/…, someuser/tiny; the gemma4 anchor is
-    # the oldest file of all (the pull the migration started from).
+    # Newest first: gemma4:26b, qwen3, llama3.2, hf.co/…, someuser/tiny, then gemma4:26b-mlx;
+    # the gemma4 anchor is the oldest file of all (the pull the migration started from).
     when = {GEMMA: 5, QWEN: 4, LLAMA: 3, SMOL: 2, TINY: 1}
     mtimes = {key: float(EPOCH + days * DAY) for key, days in when.items()}
+    mtimes[GEMMA_MLX] = float(EPOCH + DAY // 2)
 
-    the_list, manifests, anchor = build_gemma(w, weight_bytes, mtimes[GEMMA], float(EPOCH))
+    the_list, manifests, anchor, mlx_anchor = build_gemma(
+        w, weight_bytes, mtimes[GEMMA], float(EPOCH), mtimes[GEMMA_MLX]
+    )
 
     shared_template = w.bytes(_CHATML_TEMPLATE.encode(), MEDIA_TEMPLATE)
     shared_license = w.bytes(_APACHE.encode(), MEDIA_LICENSE)
@@ -152,6 +156,7 @@ def build_demo_store(root: Path, *, weight_bytes: int = 0) -> DemoStore:
         manifests=manifests,
         lists={GEMMA: the_list},
         anchors={GEMMA: anchor},
+        variant_anchors={GEMMA_MLX: mlx_anchor},
         mtimes=mtimes,
         model_blob=model_blob,
         weight_bytes=weight_bytes,

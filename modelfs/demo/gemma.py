@@ -20,6 +20,7 @@ from modelfs.demo.ggufspec import (
 )
 from modelfs.demo.records import (
     GEMMA,
+    GEMMA_MLX,
     MEDIA_DRAFT,
     MEDIA_JSON,
     MEDIA_LICENSE,
@@ -34,12 +35,17 @@ from modelfs.demo.records import (
 from modelfs.demo.vocab import GEMMA_JINJA, gemma_vocab
 from modelfs.demo.writer import Writer, config_v2, params_blob
 from modelfs.store.digest import Digest
+from modelfs.store.listtag import write_list_tag
 from modelfs.store.manifest import (
     MEDIA_LIST,
     MEDIA_MANIFEST,
+    Manifest,
+    ManifestList,
     go_marshal,
+    parse_manifest,
 )
 from modelfs.store.names import parse_name
+from modelfs.store.scan import DEFAULT_PREFER
 
 
 def _gemma_tensors(d: Dims, vocab: int) -> list[TensorSpec]:
@@ -270,9 +276,17 @@ This model is provided under the Gemma Terms of Use, found at ai.google.dev/gemm
 """
 
 
+def _parsed(raw: bytes) -> Manifest:
+    m = parse_manifest(raw, GEMMA)
+    assert isinstance(m, Manifest)
+    return m
+
+
 def build_gemma(
-    w: Writer, weight_bytes: int, mtime: float, anchor_mtime: float
-) -> tuple[DemoList, dict[str, DemoManifest], DemoManifest]:
+    w: Writer, weight_bytes: int, mtime: float, anchor_mtime: float, variant_mtime: float
+) -> tuple[DemoList, dict[str, DemoManifest], DemoManifest, DemoManifest]:
+    """gemma4:26b's blobs, list and tag (`store.listtag.write_list_tag`); returns the list,
+    its children by `name@runner`, the legacy anchor and the mlx child's legacy file."""
     name = parse_name(GEMMA)
     template = w.bytes(_GEMMA_TEMPLATE.encode(), MEDIA_TEMPLATE)
     license_ = w.bytes(_GEMMA_LICENSE.encode(), MEDIA_LICENSE)
@@ -349,10 +363,20 @@ def build_gemma(
             ],
         }
     )
-    link = w.store.write_v2_manifest(name, list_raw)
+    # The tag as every writer of a list leaves it (store.listtag): the v2 link, the legacy
+    # anchor (the llamacpp child plus references to the list and child manifest blobs) and
+    # `26b-mlx` (the mlx child), so that a stock Ollama's prune keeps every blob shown.
+    lst = parse_manifest(list_raw, GEMMA)
+    assert isinstance(lst, ManifestList)
+    present = [(i, _parsed(raw)) for i, raw in enumerate((gguf_raw, mlx_raw))]
+    link, anchor_path, mlx_path = write_list_tag(
+        w.store, name, list_raw, lst, present, DEFAULT_PREFER
+    )
     list_digest = Digest.of_bytes(list_raw)
     w.blobs.add(list_digest)
     os.utime(link, (mtime, mtime), follow_symlinks=False)
+    os.utime(anchor_path, (anchor_mtime, anchor_mtime))
+    os.utime(mlx_path, (variant_mtime, variant_mtime))
     the_list = DemoList(name, list_digest, list_raw, link, children, mtime)
 
     variants = {
@@ -380,19 +404,13 @@ def build_gemma(
         ),
     }
 
-    # The legacy anchor: the llamacpp child, plus references to the list and child manifest
-    # blobs, so a pre-list Ollama's prune keeps them (written with json.Marshal, no newline).
-    refs = [
+    anchor_raw = anchor_path.read_bytes()
+    anchor_layers = (
+        *gguf_layers,
         DemoLayer(MEDIA_LIST, list_digest, len(list_raw)),
         DemoLayer(MEDIA_MANIFEST, gguf_digest, len(gguf_raw)),
         DemoLayer(MEDIA_MANIFEST, mlx_digest, len(mlx_raw)),
-    ]
-    anchor_layers = (*gguf_layers, *refs)
-    anchor_raw = w.manifest_bytes(
-        gguf_config, anchor_layers, runner="llamacpp", fmt="gguf", newline=False
     )
-    anchor_path = w.store.write_legacy_manifest(name, anchor_raw)
-    os.utime(anchor_path, (anchor_mtime, anchor_mtime))
     anchor = DemoManifest(
         GEMMA,
         name,
@@ -405,4 +423,11 @@ def build_gemma(
         anchor_layers,
         anchor_mtime,
     )
-    return the_list, variants, anchor
+    mlx_anchor = dataclasses.replace(
+        variants[f"{GEMMA}@mlx"],
+        key=GEMMA_MLX,
+        name=parse_name(GEMMA_MLX),
+        path=mlx_path,
+        mtime=variant_mtime,
+    )
+    return the_list, variants, anchor, mlx_anchor

@@ -26,6 +26,8 @@ MEDIA_TENSOR = LAYER_PREFIX + "tensor"
 MEDIA_JSON = LAYER_PREFIX + "json"
 
 GEMMA = "gemma4:26b"
+GEMMA_MLX = "gemma4:26b-mlx"
+"""The legacy file naming gemma4:26b's mlx child, as a pull of both children writes it."""
 LLAMA = "llama3.2:3b"
 QWEN = "qwen3:0.6b"
 TINY = "someuser/tiny:q8"
@@ -120,6 +122,9 @@ class DemoStore:
     lists: dict[str, DemoList]
     anchors: dict[str, DemoManifest]
     """Legacy manifests that a v2 entry of the same name hides."""
+    variant_anchors: dict[str, DemoManifest]
+    """Legacy files `<tag>-<runner>` naming a list's other children (`gemma4:26b-mlx`):
+    models of their own to `ollama list` and `modelfs ls`, not in `names`."""
     mtimes: dict[str, float]
     """Name -> mtime of the entry Ollama lists for it (the v2 link, else the legacy file)."""
     model_blob: Digest
@@ -127,6 +132,11 @@ class DemoStore:
     weight_bytes: int
     blobs: frozenset[Digest] = field(default_factory=frozenset)
     """Every blob written: layers, configs, child manifests, the list."""
+
+    @property
+    def tags(self) -> tuple[str, ...]:
+        """Every tag `ollama list` and `modelfs ls` show: `names`, then `variant_anchors`."""
+        return (*self.names, *self.variant_anchors)
 
     def manifest(self, key: str) -> DemoManifest:
         return self.manifests[key]

@@ -61,12 +61,16 @@ class Manifest:
 
     def blob_digests(self) -> list[Digest]:
         """Config first, then layers, each once."""
-        seen: dict[Digest, None] = {}
+        return list(self.blob_sizes())
+
+    def blob_sizes(self) -> dict[Digest, int]:
+        """Digest -> size of every blob it names: config first, then layers, each once."""
+        sizes: dict[Digest, int] = {}
         if self.config is not None:
-            seen[self.config.digest] = None
+            sizes[self.config.digest] = self.config.size
         for layer in self.layers:
-            seen.setdefault(layer.digest)
-        return list(seen)
+            sizes.setdefault(layer.digest, layer.size)
+        return sizes
 
 
 @dataclass(frozen=True, slots=True)

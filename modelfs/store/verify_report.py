@@ -143,10 +143,8 @@ def survey(index: StoreIndex, reach: Reach) -> Survey:
             manifest = variant.manifest
             if variant.from_list:
                 out.owners.setdefault(manifest.digest, []).append(owner)
-            sizes = {layer.digest: layer.size for layer in manifest.layers}
-            if manifest.config is not None:
-                sizes[manifest.config.digest] = manifest.config.size
-            for digest in manifest.blob_digests():
+            sizes = manifest.blob_sizes()
+            for digest in sizes:
                 out.owners.setdefault(digest, []).append(owner)
                 info = index.blob_info(digest)
                 if (info is None or info.size != sizes[digest]) and (digest, rel) not in seen:

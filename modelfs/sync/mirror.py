@@ -61,11 +61,10 @@ from modelfs.runtime.leasing import LiveLease, leased
 from modelfs.store.blobs import BlobStore
 from modelfs.store.digest import Digest
 from modelfs.store.errors import MissingBlobError, ModelNotFoundError, StoreError
-from modelfs.store.fileio import read_file
 from modelfs.store.layout import Layout
 from modelfs.store.leases import LeaseKeeper
+from modelfs.store.listtag import present_children
 from modelfs.store.manifest import (
-    MAX_MANIFEST_BYTES,
     MEDIA_MANIFEST,
     Manifest,
     ManifestList,
@@ -310,7 +309,7 @@ class Mirror:
             return None
         self._tops[name.key] = parsed
         if isinstance(parsed, Manifest):
-            blobs = _blobs_of(parsed)
+            blobs = parsed.blob_sizes()
             self._sizes.update(blobs)
         else:
             # Stored now, so that the lease's root below names the children (and their
@@ -340,7 +339,7 @@ class Mirror:
             raise MirrorError(str(exc)) from None
         parsed = _parse(fetched.raw, f"{self.url}: manifest {digest}")
         if isinstance(parsed, Manifest):
-            self._sizes.update(_blobs_of(parsed))
+            self._sizes.update(parsed.blob_sizes())
         await trio.to_thread.run_sync(BlobStore(self.layout).put_bytes, fetched.raw)
         self.changed()
         return parsed
@@ -635,15 +634,6 @@ def _parse(raw: bytes, where: str) -> Manifest | ManifestList:
         raise PeerLiedError(str(exc)) from None
 
 
-def _blobs_of(manifest: Manifest) -> dict[Digest, int]:
-    blobs: dict[Digest, int] = {}
-    if manifest.config is not None:
-        blobs[manifest.config.digest] = manifest.config.size
-    for layer in manifest.layers:
-        blobs.setdefault(layer.digest, layer.size)
-    return blobs
-
-
 def _all_present(layout: Layout, blobs: dict[Digest, int]) -> bool:
     return all(blob_ok(layout, d, size) for d, size in blobs.items())
 
@@ -651,23 +641,15 @@ def _all_present(layout: Layout, blobs: dict[Digest, int]) -> bool:
 def _whole_children(
     layout: Layout, lst: ManifestList, url: str
 ) -> list[tuple[int, FetchedManifest | None, Manifest]]:
-    """The children of a list whose manifest (a blob, unless inline) and every blob it names
-    are in the store, as `ManifestWriter.write_list` takes them."""
-    whole: list[tuple[int, FetchedManifest | None, Manifest]] = []
-    for i, child in enumerate(lst.children):
-        fetched = None
-        if child.inline is not None:
-            manifest = child.inline
-        else:
-            try:
-                raw = read_file(layout.blob(child.digest), MAX_MANIFEST_BYTES)
-                parsed = parse_manifest(raw, f"blobs/{child.digest.blob_name}")
-            except (OSError, StoreError):
-                continue  # not fetched (yet), or not a manifest: not a child to write
-            if Digest.of_bytes(raw) != child.digest or not isinstance(parsed, Manifest):
-                continue
-            manifest = parsed
-            fetched = FetchedManifest(raw, MEDIA_MANIFEST, child.digest, url)
-        if _all_present(layout, _blobs_of(manifest)):
-            whole.append((i, fetched, manifest))
-    return whole
+    """The children of a list that are whole in the store (`store.listtag.present_children`),
+    as `ManifestWriter.write_list` takes them."""
+    return [
+        (
+            i,
+            None
+            if m is lst.children[i].inline
+            else FetchedManifest(m.raw, MEDIA_MANIFEST, m.digest, url),
+            m,
+        )
+        for i, m in present_children(layout, lst)
+    ]

@@ -209,10 +209,8 @@ class Puller:
         # Every blob once, config first, in manifest order.
         blobs: dict[Digest, int] = {}
         for m in manifests:
-            if m.config is not None:
-                blobs.setdefault(m.config.digest, m.config.size)
-            for layer in m.layers:
-                blobs.setdefault(layer.digest, layer.size)
+            for digest, size in m.blob_sizes().items():
+                blobs.setdefault(digest, size)
         # Leased (on disk) before any blob is judged present or fetched, until the manifest
         # names them: a GC on any host leaves them alone meanwhile (GC invariant 3,
         # docs/architecture.md).
