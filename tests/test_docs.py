@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import shlex
 import shutil
 import signal
@@ -37,6 +38,7 @@ MODELFS = str(BIN / "modelfs")
 UPDATE = os.environ.get("MODELFS_DOCS_UPDATE") == "1"
 ELLIPSIS = "…"
 MARK = "\x1edocs-command "
+NOT_READY = 97  # the exit status of a block whose background command never became ready
 
 README_MAX_LINES = 250
 LINE_MAX = 200
@@ -124,7 +126,8 @@ BLOCKS = [b for page in PAGES for b in parse(page)]
 _VOLATILE = [
     # relative times and durations: "2 hours ago", "12s ago", "up 12s", "in 2.1 s", "1.2 MB/s"
     (re.compile(r"\b(?:an?|\d+) (?:second|minute|hour|day|week|month|year)s? ago\b"), "<ago>"),
-    (re.compile(r"\b(?:just now|never)\b"), "<ago>"),
+    (re.compile(r"\b(?:just now|never|less than a second ago)\b", re.I), "<ago>"),
+    (re.compile(r"\b[A-Z][a-z]{2} +\d{1,2} +(?:\d\d:\d\d|\d{4})\b"), "<date>"),  # ls -l
     (re.compile(r"\b\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?"), "<time>"),
     (re.compile(r"\b\d+(?:\.\d+)? ?(?:ms|µs|s|m|h|d)\b"), "<dur>"),
     (re.compile(r"\b\d+(?:\.\d+)? ?[kKMG]?B/s\b"), "<rate>"),
@@ -204,7 +207,7 @@ def demo_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _env(home: Path) -> dict[str, str]:
+def _env(home: Path, host: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("OLLAMA_MODELS", "MODELFS_STORE")}
     env.update(
         HOME=str(home),
@@ -212,6 +215,8 @@ def _env(home: Path) -> dict[str, str]:
         LC_ALL="C.UTF-8",
         PYTHONUNBUFFERED="1",
         COLUMNS="200",
+        # hosts are named as the page names them, not after this machine
+        MODELFS_HOST_ID=host,
     )
     env.pop("DOCKER_CONFIG", None)
     return env
@@ -236,6 +241,15 @@ def _process(args: list[str], env: dict[str, str], log: Path, ready: str) -> Ite
             proc.wait()
 
 
+def _as_host(host: str, args: list[str]) -> list[str]:
+    """`args` run on a host of that name: a UTS namespace with its own hostname, where the
+    tests run as root, so that what modelfs prints of its host (a GC report, a server's
+    `service`, a peer's host id) is what the page shows; MODELFS_HOST_ID covers the rest."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return args
+    return ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', host, *args]
+
+
 def _netloc(url: str) -> str:
     return urlsplit(url).netloc or url
 
@@ -244,7 +258,7 @@ def _netloc(url: str) -> str:
 # server to listen, a sync daemon to be in step with its peers and to have collected once.
 _WAITER = r"""
 import json, os, shlex, subprocess, sys, time
-kind, log, command = sys.argv[1:4]
+kind, log, pid, command = sys.argv[1:5]
 args = shlex.split(command)
 deadline = time.monotonic() + 40
 def done():
@@ -263,8 +277,13 @@ def done():
     d = json.loads(r.stdout).get("daemon") or {}
     return (d.get("rounds", 0) >= 2 and not d.get("transfers") and not d.get("behind")
             and (d.get("gc") or {}).get("last") is not None)
+def gone():
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] in "ZX"
+    except FileNotFoundError:
+        return True
 while not done():
-    if time.monotonic() > deadline:
+    if gone() or time.monotonic() > deadline:
         sys.exit(f"docs runner: {command!r} not ready: " + open(log, errors="replace").read())
     time.sleep(0.1)
 """
@@ -295,7 +314,8 @@ def script(block: Block, subs: list[tuple[str, str]], workdir: Path) -> str:
             lines.append(f"{{ {'exec ' if simple else ''}{body}\n}} >{log} 2>&1 &")
             lines.append("__bg+=($!)")
             lines.append(
-                f"{sys.executable} {workdir / 'waiter.py'} {kind} {log} {shlex.quote(body)} >&2"
+                f"{sys.executable} {workdir / 'waiter.py'} {kind} {log} $! {shlex.quote(body)} >&2"
+                f" || exit {NOT_READY}"
             )
         else:
             lines.append(text)
@@ -319,8 +339,8 @@ def run_block(block: Block, tmp: Path, demo: Path) -> list[list[str]]:
     home = tmp / "home"
     home.mkdir()
     store = home / ".ollama" / "models"
-    env = _env(home)
     option = block.options
+    env = _env(home, (option.get("host") or ["laptop"])[0])
     kind = (option.get("store") or ["demo"])[0]
     if kind == "demo":
         shutil.copytree(demo, store, symlinks=True)
@@ -334,14 +354,32 @@ def run_block(block: Block, tmp: Path, demo: Path) -> list[list[str]]:
             real = str(free_port())
             subs += [(f"{host}:{port}", f"{host}:{real}") for host in ("127.0.0.1", "0.0.0.0")]
             subs.append((f"localhost:{port}", f"localhost:{real}"))
+        token_args: list[str] = []
+        for doc in option.get("token", []):
+            path = home / doc.lstrip("/")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(secrets.token_urlsafe(24) + "\n")
+            subs.append((doc, str(path)))
+            token_args = ["--token-file", str(path)]
         for n, url in enumerate(option.get("peer", [])):
             peer_store = tmp / f"peer-{n}"
             shutil.copytree(demo, peer_store, symlinks=True)
             address = f"127.0.0.1:{free_port()}"
             stack.enter_context(
                 _process(
-                    [MODELFS, "serve", "--store", str(peer_store), "--listen", address],
-                    _env(tmp),
+                    _as_host(
+                        urlsplit(url).hostname or "peer",
+                        [
+                            MODELFS,
+                            "serve",
+                            "--store",
+                            str(peer_store),
+                            "--listen",
+                            address,
+                            *token_args,
+                        ],
+                    ),
+                    _env(tmp, urlsplit(url).hostname or "peer"),
                     tmp / f"peer-{n}.log",
                     "listening on",
                 )
@@ -367,7 +405,7 @@ def run_block(block: Block, tmp: Path, demo: Path) -> list[list[str]]:
                 stack.enter_context(_mounted(store, mnt, env, tmp / f"mount-{n}.log"))
         (tmp / "waiter.py").write_text(_WAITER)
         done = subprocess.run(
-            ["bash", "-c", script(block, subs, tmp)],
+            _as_host(env["MODELFS_HOST_ID"], ["bash", "-c", script(block, subs, tmp)]),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -375,6 +413,8 @@ def run_block(block: Block, tmp: Path, demo: Path) -> list[list[str]]:
             timeout=120,
         )
     output = done.stdout.decode(errors="replace")
+    if done.returncode == NOT_READY:
+        pytest.fail(f"{block.id}: a background command never became ready:\n{output}")
     parts = re.split(re.escape(MARK) + r"(\d+)\n", output)
     assert not parts[0].strip(), f"before the first command: {parts[0]}"
     printed: list[list[str]] = [[] for _ in block.commands]
@@ -460,7 +500,16 @@ def test_every_block_has_commands_and_every_page_is_linked() -> None:
         assert f"(docs/{page.name})" in readme, f"the README links docs/{page.name}"
     assert BLOCKS and all(b.commands for b in BLOCKS)
     for b in BLOCKS:
-        unknown = set(b.options) - {"store", "storepath", "mount", "peer", "registry", "port"}
+        unknown = set(b.options) - {
+            "store",
+            "storepath",
+            "mount",
+            "peer",
+            "registry",
+            "port",
+            "host",
+            "token",
+        }
         assert not unknown, (b.id, unknown)
 
 
