@@ -11,6 +11,7 @@ print back into the pages, keeping every `…` that still matches.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import secrets
@@ -243,11 +244,18 @@ def _process(args: list[str], env: dict[str, str], log: Path, ready: str) -> Ite
             proc.wait()
 
 
+@functools.cache
+def _can_name_hosts() -> bool:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    return subprocess.run(["unshare", "--uts", "true"], capture_output=True).returncode == 0
+
+
 def _as_host(host: str, args: list[str]) -> list[str]:
     """`args` run on a host of that name: a UTS namespace with its own hostname, where the
     tests run as root, so that what modelfs prints of its host (a GC report, a server's
     `service`, a peer's host id) is what the page shows; MODELFS_HOST_ID covers the rest."""
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
+    if not _can_name_hosts():
         return args
     return ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', host, *args]
 
