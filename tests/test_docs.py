@@ -507,6 +507,8 @@ def test_every_block_has_commands_and_every_page_is_linked() -> None:
     for page in PAGES[1:]:
         assert f"(docs/{page.name})" in readme, f"the README links docs/{page.name}"
     assert BLOCKS and all(b.commands for b in BLOCKS)
+    for page in PAGES:  # an indented fence would be skipped, so there is none
+        assert not re.search(r"^[ \t]+```console", page.read_text(), re.M), page
     for b in BLOCKS:
         unknown = set(b.options) - {
             "store",
