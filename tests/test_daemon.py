@@ -495,7 +495,7 @@ def test_a_model_published_on_one_daemon_reaches_the_others_through_a_chain(
 def test_two_daemons_with_a_token_replicate_a_large_model_and_resume_after_kill_9(
     tmp_path: Path,
 ) -> None:
-    """The README's setup: two daemons, each the other's peer, one shared token_file. Every
+    """docs/sync.md's setup: two daemons, each the other's peer, one shared token_file. Every
     request carries the token, on the large-blob path too (blobs from `small_max` on), and a
     transfer cut by kill -9 of the source resumes from its partial once the source is back.
     b reaches a through a throttling proxy, so the kill lands mid-transfer."""

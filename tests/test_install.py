@@ -1,4 +1,4 @@
-"""The README's install for systemd hosts (scripts/install), followed as written in a fresh root.
+"""scripts/install for systemd hosts, followed as written (docs/systemd.md) in a fresh root.
 
 The fresh root is this machine seen through a mount and network namespace of the test's own:
 /etc, /opt and /usr are overlays whose writes land in the test's directory, /mnt is empty, and
@@ -27,7 +27,7 @@ from modelfs.sync.config import load_config
 from tests.mounting import fuse
 
 REPO = Path(__file__).resolve().parents[1]
-README = (REPO / "README.md").read_text()
+DOCS = REPO / "docs"
 MODELFS = str(REPO / ".venv" / "bin" / "modelfs")
 VENV = "/opt/modelfs/venv"
 STORE = "/usr/share/ollama/.ollama/models"
@@ -35,15 +35,17 @@ STORE = "/usr/share/ollama/.ollama/models"
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
-def section(title: str) -> str:
-    start = README.index(f"\n{title}\n")
-    end = re.compile(r"^#{2,3} ", re.M).search(README, start + len(title) + 2)
-    return README[start : end.start() if end else None]
+def section(page: str, title: str) -> str:
+    text = (DOCS / page).read_text()
+    start = text.index(f"\n{title}\n")
+    end = re.compile(r"^#{2,3} ", re.M).search(text, start + len(title) + 2)
+    return text[start : end.start() if end else None]
 
 
 def install_block() -> list[str]:
-    """The commands of the first ```sh block of "Running under systemd", comments dropped."""
-    text = section("### Running under systemd")
+    """The commands of the first ```sh block of docs/systemd.md's "Running under systemd",
+    comments dropped."""
+    text = section("systemd.md", "## Running under systemd")
     block = text[text.index("```sh\n") + 6 :]
     block = block[: block.index("```")]
     lines = [re.sub(r"\s+#.*$", "", ln).strip() for ln in block.splitlines()]
@@ -86,7 +88,7 @@ def test_readme_names_the_packages_and_files_the_install_uses() -> None:
     (line,) = [ln for ln in script.splitlines() if ln.startswith("ensure_debian_packages")]
     packages = line.split()[2:]
     assert {"fuse3", "python3-dev", "libfuse3-dev", "pkg-config", "gcc"} <= set(packages)
-    text = section("### Running under systemd")
+    text = section("systemd.md", "## Running under systemd")
     for p in packages:
         if p != "python3":  # Debian has it already
             assert f"`{p}`" in text, p
@@ -102,12 +104,12 @@ def test_shipped_and_readme_configs_load_with_the_daemons_loader(tmp_path: Path)
     # The store the config names is the one the units may write.
     sync_unit = (REPO / "systemd" / "modelfs-sync.service").read_text()
     assert f"ReadWritePaths={STORE}\n" in sync_unit
-    text = section("### The sync daemon")
+    text = section("sync.md", "## The config")
     example = text[text.index("```toml\n") + 8 :]
     example = example[: example.index("```")]
     (tmp_path / "config.toml").write_text(example)
     assert load_config(tmp_path / "config.toml").peers
-    # Every key the README shows is in the shipped file (commented out or set).
+    # Every key docs/sync.md shows is in the shipped file (commented out or set).
     shipped_text = (REPO / "etc" / "modelfs" / "config.toml").read_text()
     table = tomllib.loads(example)
     for key in [k for k in table if k != "gc"] + list(table["gc"]):
@@ -255,7 +257,7 @@ def test_readme_install_in_a_fresh_root(fresh_root: FreshRoot, tmp_path: Path) -
     script = "set -euo pipefail\ncd " + str(REPO) + "\n" + "\n".join(install_block())
     t0 = time.monotonic()
     r.run("bash", "-c", script, env=env, timeout=600)
-    print(f"README install block: {time.monotonic() - t0:.0f} s")
+    print(f"docs/systemd.md install block: {time.monotonic() - t0:.0f} s")
     calls = r.read(f"{r.state}/calls")
     assert "enable --now modelfs-sync.service" in calls
     assert "enable --now modelfs-mount.service" in calls

@@ -1,5 +1,5 @@
 """A store shared over a real sshfs mount (a loopback sshd started by the test, tests/sshfs.py),
-as users share one between hosts: `-o cache=no,follow_symlinks`, the options the README gives."""
+as users share one between hosts: `-o cache=no,follow_symlinks`, the options docs/gc.md gives."""
 
 from __future__ import annotations
 

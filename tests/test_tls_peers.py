@@ -48,7 +48,7 @@ def digests(store: Path) -> dict[str, str]:
 def test_print_pin_is_the_sha256_of_the_public_key_as_openssl_computes_it(
     tmp_path: Path,
 ) -> None:
-    """The README's openssl pipeline and `modelfs serve --print-pin` agree; a bad file is
+    """docs/sync.md's openssl pipeline and `modelfs serve --print-pin` agree; a bad file is
     one line."""
     assert OPENSSL is not None
     cert, _ = certificate(tmp_path)

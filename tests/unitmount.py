@@ -3,7 +3,7 @@ machine without that user: in a mount namespace of its own that has the user (te
 scripts/bench/read share this).
 
 The namespace looks like a Debian host with Ollama installed: the unit's user exists,
-/dev/fuse is 0666 and /etc/fuse.conf has user_allow_other (as the README's install sets it),
+/dev/fuse is 0666 and /etc/fuse.conf has user_allow_other (scripts/install sets it),
 and the interpreter is reachable by that user. Its mount is seen from outside through the
 daemon's /proc/PID/root (the daemon is the Popen's own process: unshare, sh and setpriv exec).
 """

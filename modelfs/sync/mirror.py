@@ -221,6 +221,9 @@ class Mirror:
         self._looked: dict[tuple[str, str, str, str], float] = {}  # tag -> last look upstream
         # tag -> its lock while a request looks it up (a client may name any tag)
         self._tag_locks = KeyedLocks[tuple[str, str, str, str]]()
+        # One settle at a time: a list's settle awaits between its check and its write, and
+        # two of them (each blob fetch that lands settles) wrote and forgot it twice.
+        self._settling = trio.Lock()
         self._background = trio.CapacityLimiter(BACKGROUND)
         self.upstream_requests = 0  # manifests and blobs asked of upstream, for status
 
@@ -351,6 +354,10 @@ class Mirror:
 
     async def _settle(self) -> None:
         """Write every pending manifest whose blobs are all here, as a pull's last step."""
+        async with self._settling:
+            await self._settle_all()
+
+    async def _settle_all(self) -> None:
         for key, pending in list(self._pending.items()):
             if isinstance(pending.manifest, ManifestList):
                 await self._settle_list(key, pending, pending.manifest)
@@ -392,7 +399,7 @@ class Mirror:
         self._release(pending)
         runners = ", ".join(lst.children[i].runner or lst.children[i].digest.short for i in done)
         log.info("%s: kept (%s)", pending.name.shortest, runners)
-        if len(done) == len(lst.children):
+        if len(done) == len(lst.children) and self._pending.get(key) is pending:
             del self._pending[key]
         self.changed()
 
