@@ -1,0 +1,507 @@
+"""`modelfs serve` under hostile load, as a real process on loopback.
+
+While each attack runs, a normal client polls `GET /v2/` on a fresh connection every 50 ms and
+every answer must come within 1 s; the server's resident memory (VmRSS, sampled as it polls)
+must stay within 100 MB of its start, and once the attack is over its open fds must come back
+to what they were before it. Every attack is bounded in count and in time.
+
+Client attacks: 500 idle connections and 100 slowloris connections that send a request head a
+byte a second, both cut by the head timeout (sync.serve `HEADER_TIMEOUT`); request bodies
+trickled or sent at once to endpoints that take none; request heads of 20 KiB and 1 MiB; a
+`Range` of 1,000 ranges. A download read slowly for longer than any of those limits is not cut.
+Mirror attacks (`modelfs serve --mirror`): an upstream in this process whose answers loop on
+redirects, never end, are gzip bombs or have the wrong bytes; the client gets an error, the
+mirror keeps none of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.client
+import json
+import os
+import select
+import shutil
+import socket
+import statistics
+import subprocess
+import threading
+import time
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from modelfs.demo import GEMMA, DemoStore, build_demo_store
+from modelfs.sync.serve import HEADER_TIMEOUT
+from tests.test_mirror import mirror
+from tests.test_serve_process import served
+
+CURL = shutil.which("curl")
+LATENCY = 1.0  # the contract: a normal client's answer within this, throughout
+MEMORY = 100 << 20  # resident memory above the start, at most
+SETTLE = 10.0  # seconds the fds may take to come back after an attack
+
+pytestmark = pytest.mark.slow
+
+
+# -- the server's process, watched -----------------------------------------------------------
+def rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) << 10
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+@dataclass
+class Watch:
+    """A normal client polling `GET /v2/`, and the server's memory, until stopped."""
+
+    port: int
+    pid: int
+    latencies: list[float] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    peak: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, rss(self.pid))
+            started = time.monotonic()
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+                conn.request("GET", "/v2/")
+                answer = conn.getresponse()
+                answer.read()
+                conn.close()
+                if answer.status != 200:
+                    self.failures.append(f"status {answer.status}")
+            except OSError as exc:
+                self.failures.append(repr(exc))
+            self.latencies.append(time.monotonic() - started)
+            self._stop.wait(0.05)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+@contextmanager
+def watched(port: int, pid: int, what: str, fd_slack: int = 0) -> Iterator[Watch]:
+    """Watch the server while the body runs; then check latency, memory and fds (at most
+    `fd_slack` more than before)."""
+    base_fds, base_rss = fds(pid), rss(pid)
+    watch = Watch(port, pid, peak=base_rss)
+    poller = threading.Thread(target=watch.run, daemon=True)
+    poller.start()
+    try:
+        yield watch
+    finally:
+        watch.stop()
+        poller.join(10)
+    lat = sorted(watch.latencies)
+    print(
+        f"{what}: /v2/ answered {len(lat)} times, median {statistics.median(lat) * 1e3:.0f} ms, "
+        f"max {lat[-1] * 1e3:.0f} ms; RSS {base_rss >> 20} MiB at the start, peak "
+        f"{watch.peak >> 20} MiB"
+    )
+    assert not watch.failures, watch.failures[:5]
+    assert lat, f"{what}: /v2/ was never asked"
+    assert lat[-1] < LATENCY, f"{what}: /v2/ took {lat[-1]:.2f} s"
+    assert watch.peak - base_rss < MEMORY, f"{what}: {watch.peak >> 20} MiB from {base_rss >> 20}"
+    deadline = time.monotonic() + SETTLE
+    while fds(pid) > base_fds + fd_slack:
+        assert time.monotonic() < deadline, f"{what}: {fds(pid)} fds, {base_fds} before it"
+        time.sleep(0.1)
+
+
+def port_of(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+# -- raw sockets ------------------------------------------------------------------------------
+def connect(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock.settimeout(None)  # blocking: MSG_DONTWAIT then returns at once (see closed_by_server)
+    return sock
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    """The server answered and hung up, or hung up (EOF or reset): nothing more will come."""
+    if not select.select([sock], [], [], 0)[0]:
+        return False
+    try:
+        while chunk := sock.recv(1 << 16, socket.MSG_DONTWAIT):
+            del chunk
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def send_all(sock: socket.socket, data: bytes, limit: float) -> int:
+    """As much of `data` as the server takes within `limit` seconds (it may hang up early)."""
+    sock.setblocking(False)
+    sent, deadline = 0, time.monotonic() + limit
+    try:
+        while sent < len(data) and time.monotonic() < deadline:
+            if select.select([], [sock], [], 0.1)[1]:
+                sent += sock.send(data[sent : sent + (1 << 16)])
+    except OSError:
+        pass
+    sock.setblocking(True)
+    return sent
+
+
+def answer_of(sock: socket.socket, limit: float) -> bytes:
+    """What the server sends until it hangs up (at most `limit` seconds): its answer."""
+    sock.settimeout(limit)
+    got = b""
+    try:
+        while chunk := sock.recv(1 << 16):
+            got += chunk
+    except OSError:
+        pass
+    return got
+
+
+def trickle(socks: list[socket.socket], head: bytes, seconds: float) -> list[float | None]:
+    """Send each socket `head` a byte a second, for at most `seconds`; when each was closed by
+    the server, counted from the start (None: still open at the end)."""
+    started = time.monotonic()
+    closed: list[float | None] = [None] * len(socks)
+    i = 0
+    while time.monotonic() - started < seconds and None in closed:
+        for n, sock in enumerate(socks):
+            if closed[n] is not None:
+                continue
+            if closed_by_server(sock):
+                closed[n] = time.monotonic() - started
+                continue
+            try:
+                sock.send(head[i : i + 1] or b"a")
+            except OSError:
+                closed[n] = time.monotonic() - started
+        i += 1
+        time.sleep(1)
+    return closed
+
+
+# -- the client attacks -----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoStore:
+    # A 24 MiB model file: a download of it, read slowly, lasts seconds.
+    return build_demo_store(tmp_path_factory.mktemp("load") / "models", weight_bytes=24 << 20)
+
+
+def test_idle_and_slowloris_connections_are_cut_at_the_head_timeout(demo: DemoStore) -> None:
+    """500 connections that send nothing and 100 that send a request head a byte a second are
+    all closed by the server within the head timeout (and a margin for a loaded machine); none
+    slows a normal client, and their fds are given back."""
+    with served(demo.root) as (url, proc):
+        port = port_of(url)
+        with watched(port, proc.pid, "500 idle + 100 slowloris heads"):
+            idle = [connect(port) for _ in range(500)]
+            slow = [connect(port) for _ in range(100)]
+            head = b"GET /v2/ HTTP/1.1\r\nHost: x\r\nUser-Agent: " + b"s" * 100
+            try:
+                closed = trickle(slow, head, HEADER_TIMEOUT + 5)
+                assert all(t is not None and t < HEADER_TIMEOUT + 4 for t in closed), closed
+                deadline = time.monotonic() + 5
+                open_idle = list(idle)
+                while open_idle and time.monotonic() < deadline:
+                    open_idle = [s for s in open_idle if not closed_by_server(s)]
+                    time.sleep(0.1)
+                assert not open_idle, f"{len(open_idle)} idle connections still open"
+            finally:
+                for s in idle + slow:
+                    s.close()
+
+
+def test_bodies_and_heads_no_endpoint_takes(demo: DemoStore) -> None:
+    """Request bodies: trickled a byte a second after a `Content-Length: 1000000` (a POST of an
+    upload, a GET with a body), or 4 MiB of one sent at once: no endpoint reads a body, so the
+    answer comes (405, 200) and the connection is closed at once. Request heads of 20 KiB and
+    1 MiB: answered (the larger with 431) or cut, never held. No connection outlives it."""
+    with served(demo.root) as (url, proc):
+        port = port_of(url)
+        with watched(port, proc.pid, "request bodies and large heads"):
+            trickled = []
+            for i in range(50):
+                sock = connect(port)
+                target = "POST /v2/library/x/blobs/uploads/" if i % 2 else "GET /v2/"
+                sock.sendall(
+                    f"{target} HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n".encode()
+                )
+                trickled.append(sock)
+            closed = trickle(trickled, b"", 5)
+            assert all(t is not None and t < 3 for t in closed), closed
+            for sock in trickled:
+                sock.close()
+
+            # Sent at once, to an answer the server makes slowly enough for the body to fill
+            # hypercorn's queue first (the catalog: a view of the store).
+            for _ in range(10):
+                with connect(port) as sock:
+                    head = (
+                        b"GET /v2/_catalog HTTP/1.1\r\nHost: x\r\nContent-Length: 8000000\r\n\r\n"
+                    )
+                    send_all(sock, head + b"a" * (4 << 20), 3)
+                    answer = answer_of(sock, 5)
+                    assert answer.startswith(b"HTTP/1.1 200 "), answer[:80]
+
+            for size, want in ((20 << 10, (b"200", b"431")), (1 << 20, (b"431",))):
+                for _ in range(20):
+                    with connect(port) as sock:
+                        head = (
+                            b"GET /v2/ HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Big: "
+                            + b"a" * size
+                            + b"\r\n\r\n"
+                        )
+                        send_all(sock, head, 3)
+                        answer = answer_of(sock, 5)
+                        # A server that hangs up while we still send may reset the answer away.
+                        assert answer == b"" or answer[9:12] in want, (size, answer[:80])
+
+
+def test_a_thousand_ranges_get_the_whole_blob_at_once(demo: DemoStore) -> None:
+    """`Range: bytes=0-0,2-2,…` with 1,000 ranges: several ranges are ignored (RFC 9110 lets a
+    server), so the answer is the whole blob, 200 and no multipart, as cheap as a plain GET."""
+    layer = demo.manifest("qwen3:0.6b").layer("model.gguf")
+    data = demo.blob_path(layer.digest).read_bytes()
+    ranges = "bytes=" + ",".join(f"{2 * i}-{2 * i}" for i in range(1000))
+    with served(demo.root) as (url, proc):
+        port = port_of(url)
+        with watched(port, proc.pid, "1,000-range requests"):
+            for _ in range(30):
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                started = time.monotonic()
+                conn.request(
+                    "GET", f"/v2/library/qwen3/blobs/{layer.digest}", headers={"Range": ranges}
+                )
+                answer = conn.getresponse()
+                body = answer.read()
+                conn.close()
+                assert answer.status == 200 and body == data
+                assert "multipart" not in answer.getheader("content-type", "")
+                assert time.monotonic() - started < LATENCY
+
+
+@pytest.mark.skipif(CURL is None, reason="needs curl")
+def test_a_slow_download_is_not_cut(demo: DemoStore, tmp_path: Path) -> None:
+    """A client that reads a ~17 MB blob at 1.5 MB/s (over 1.5 times the head timeout, while it
+    sends nothing) gets all of it, by the sendfile path: no limit meant for a request's head
+    cuts an answer."""
+    assert CURL is not None
+    layer = demo.manifest(f"{GEMMA}@llamacpp").layer("model.gguf")
+    out = tmp_path / "blob"
+    with served(demo.root) as (url, _):
+        started = time.monotonic()
+        done = subprocess.run(
+            [
+                CURL,
+                "-sS",
+                "-f",
+                "--limit-rate",
+                "2M",
+                "-o",
+                str(out),
+                f"{url}/v2/library/gemma4/blobs/{layer.digest}",
+            ],
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+        took = time.monotonic() - started
+        assert done.returncode == 0, done.stderr.decode()
+        assert took > 1.5 * HEADER_TIMEOUT, took
+        assert hashlib.sha256(out.read_bytes()).hexdigest() == layer.digest.hex
+
+
+# -- a hostile upstream for `modelfs serve --mirror` ------------------------------------------
+BLOB_BYTES = 1 << 20
+ENDLESS_FOR = 15.0  # seconds an endless body goes on, at most, if the mirror keeps reading
+
+
+def digest_of(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+BAD = {
+    m: digest_of((m.encode() * BLOB_BYTES)[:BLOB_BYTES])
+    for m in ("endless-blob", "gzip-blob", "wrong-blob")
+}
+
+CONFIG = b"{}"
+
+
+def manifest_of(mode: str) -> bytes:
+    return json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+            "config": {
+                "mediaType": "application/vnd.docker.container.image.v1+json",
+                "digest": digest_of(CONFIG),
+                "size": len(CONFIG),
+            },
+            "layers": [
+                {
+                    "mediaType": "application/vnd.ollama.image.model",
+                    "digest": BAD[mode],
+                    "size": BLOB_BYTES,
+                }
+            ],
+        }
+    ).encode()
+
+
+def gzip_bomb(size: int) -> bytes:
+    """`size` zero bytes, gzipped: about a thousandth of that."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    zeros = bytes(1 << 20)
+    return b"".join(packer.compress(zeros) for _ in range(size >> 20)) + packer.flush()
+
+
+class Hostile(BaseHTTPRequestHandler):
+    """`/v2/library/<mode>/…`, answered as `mode` says: `redirect` to itself for ever,
+    `endless` bodies, `gzip` bombs (1 GiB of zeros). `<mode>-blob` has a good manifest, whose
+    config blob is right and whose layer is answered so (or with `wrong` bytes)."""
+
+    protocol_version = "HTTP/1.1"
+    bomb = b""
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def handle(self) -> None:
+        # The mirror hangs up on what it refuses: no traceback for that.
+        with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+            super().handle()
+
+    def do_HEAD(self) -> None:
+        self.do_GET()
+
+    def do_GET(self) -> None:
+        parts = self.path.split("/")
+        repo = parts[3] if len(parts) > 4 else ""
+        mode = repo.removesuffix("-blob")
+        if mode == "redirect":
+            self._answer(302, b"", {"Location": self.path})
+        elif self.path.endswith(digest_of(CONFIG)):
+            self._answer(200, CONFIG)
+        elif "/manifests/" in self.path and repo in BAD:
+            raw = manifest_of(repo)
+            self._answer(200, raw, {"Docker-Content-Digest": digest_of(raw)})
+        elif mode == "endless":
+            self._endless(b" " if "/manifests/" in self.path else b"x")
+        elif mode == "gzip":
+            self._answer(200, self.bomb, {"Content-Encoding": "gzip"})
+        elif mode == "wrong":
+            self._answer(200, bytes(BLOB_BYTES))
+        else:
+            self._answer(404, b"{}")
+
+    def _answer(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        if "/manifests/" in self.path:
+            self.send_header("Content-Type", "application/vnd.docker.distribution.manifest.v2+json")
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command == "GET":
+            try:
+                self.wfile.write(body)
+            except OSError:
+                self.close_connection = True
+
+    def _endless(self, byte: bytes) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/vnd.docker.distribution.manifest.v2+json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.close_connection = True
+        if self.command != "GET":
+            return
+        piece = b"10000\r\n" + byte * 0x10000 + b"\r\n"
+        started = time.monotonic()
+        try:
+            while time.monotonic() - started < ENDLESS_FOR:
+                self.wfile.write(piece)
+        except OSError:
+            pass
+
+
+@contextmanager
+def hostile_upstream() -> Iterator[str]:
+    Hostile.bomb = gzip_bomb(1 << 30)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hostile)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def fetch(port: int, path: str) -> tuple[int, bytes, bool]:
+    """(status, body, whole): whole is False when the server cut the answer short."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("GET", path)
+        answer = conn.getresponse()
+        try:
+            return answer.status, answer.read(), True
+        except (http.client.IncompleteRead, OSError) as exc:
+            partial = exc.partial if isinstance(exc, http.client.IncompleteRead) else b""
+            return answer.status, partial, False
+    finally:
+        conn.close()
+
+
+def test_a_hostile_upstream_gets_nothing_kept(tmp_path: Path) -> None:
+    """Through `modelfs serve --mirror`: a redirect loop (a manifest's and a blob's), an
+    endless manifest and blob, a gzip bomb of a manifest and of a blob (1 GiB of zeros in 1 MiB),
+    a blob of the wrong bytes. Each manifest is a 502 that says why; each blob answer is an
+    error or cut short (its bytes are never all sent); nothing of them is kept, no temp file
+    is left; and the mirror stays within memory and answers `/v2/` in time throughout."""
+    store = tmp_path / "m"
+    with hostile_upstream() as upstream, mirror(store, upstream) as (url, proc):
+        port = port_of(url)
+        # Slack for the connections to upstream that the mirror keeps alive (httpx's pool).
+        with watched(port, proc.pid, "hostile upstream", fd_slack=2):
+            for mode, why in (
+                ("redirect", "too many redirects"),
+                ("endless", "larger than a manifest can be"),
+                ("gzip", "larger than a manifest can be"),
+            ):
+                status, body, _ = fetch(port, f"/v2/library/{mode}/manifests/1")
+                assert status == 502, (mode, status, body[:200])
+                assert why in json.loads(body)["errors"][0]["message"], (mode, body[:200])
+            status, body, _ = fetch(port, f"/v2/library/redirect/blobs/{digest_of(b'r')}")
+            assert status == 502 and b"too many redirects" in body, (status, body[:200])
+
+            # The blobs of a good manifest, answered badly (the manifest's GET starts their
+            # fetch; the client's GET joins it, or starts another).
+            for mode in ("endless-blob", "gzip-blob", "wrong-blob"):
+                status, _, _ = fetch(port, f"/v2/library/{mode}/manifests/1")
+                assert status == 200, mode
+                status, body, whole = fetch(port, f"/v2/library/{mode}/blobs/{BAD[mode]}")
+                assert not (status == 200 and whole), (mode, status, len(body))
+        for mode, digest in BAD.items():
+            assert not (store / "blobs" / digest.replace(":", "-")).exists(), mode
+        tmp = store / ".modelfs" / "tmp"
+        assert not list(tmp.glob("pull-*")) if tmp.exists() else True
