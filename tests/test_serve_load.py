@@ -9,14 +9,13 @@ Client attacks: 500 idle connections and 100 slowloris connections that send a r
 byte a second, both cut by the head timeout (sync.serve `HEADER_TIMEOUT`); request bodies
 trickled or sent at once to endpoints that take none; request heads of 20 KiB and 1 MiB; a
 `Range` of 1,000 ranges. A download read slowly for longer than any of those limits is not cut.
-Mirror attacks (`modelfs serve --mirror`): an upstream in this process whose answers loop on
-redirects, never end, are gzip bombs or have the wrong bytes; the client gets an error, the
-mirror keeps none of it.
+Mirror attacks (`modelfs serve --mirror`): an upstream process (tests/hostile_upstream.py)
+whose answers loop on redirects, never end, are gzip bombs or have the wrong bytes; the client
+gets an error, the mirror keeps none of it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import http.client
 import json
@@ -26,21 +25,22 @@ import shutil
 import socket
 import statistics
 import subprocess
+import sys
 import threading
 import time
-import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from modelfs.demo import GEMMA, DemoStore, build_demo_store
 from modelfs.sync.serve import HEADER_TIMEOUT
-from tests.test_mirror import mirror
-from tests.test_serve_process import served
+from tests.hostile_upstream import BAD, digest_of
+from tests.test_mirror import NO_PROXY
+from tests.test_pull_hosts import server
+from tests.test_serve_process import MODELFS, read_line, stop
 
 CURL = shutil.which("curl")
 LATENCY = 1.0  # the contract: a normal client's answer within this, throughout
@@ -122,6 +122,36 @@ def watched(port: int, pid: int, what: str, fd_slack: int = 0) -> Iterator[Watch
     while fds(pid) > base_fds + fd_slack:
         assert time.monotonic() < deadline, f"{what}: {fds(pid)} fds, {base_fds} before it"
         time.sleep(0.1)
+
+
+@contextmanager
+def serving(store: Path, *args: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """`modelfs serve --store STORE ARGS` on 127.0.0.1:0, its log read as it comes: under
+    attack it logs a line a refused request, and a full pipe would stall it. Stopped with
+    SIGTERM after (exit 0), and its log must hold no traceback: bad input is one line."""
+    store.mkdir(parents=True, exist_ok=True)
+    argv = [MODELFS, "serve", "--store", str(store), "--listen", "127.0.0.1:0", *args]
+    env = {**os.environ, **NO_PROXY}
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert proc.stderr is not None
+    log: list[bytes] = []
+    reader = threading.Thread(target=lambda: log.extend(proc.stderr or ()), daemon=True)
+    reader.start()
+    try:
+        line = read_line(proc, 30)
+        assert line.startswith("listening on "), line
+        yield line.removeprefix("listening on ").strip(), proc
+        assert stop(proc) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        reader.join(10)
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+    text = b"".join(log).decode(errors="replace")
+    assert "Traceback" not in text, text[-3000:]
 
 
 def port_of(url: str) -> int:
@@ -208,7 +238,7 @@ def test_idle_and_slowloris_connections_are_cut_at_the_head_timeout(demo: DemoSt
     """500 connections that send nothing and 100 that send a request head a byte a second are
     all closed by the server within the head timeout (and a margin for a loaded machine); none
     slows a normal client, and their fds are given back."""
-    with served(demo.root) as (url, proc):
+    with serving(demo.root) as (url, proc):
         port = port_of(url)
         with watched(port, proc.pid, "500 idle + 100 slowloris heads"):
             idle = [connect(port) for _ in range(500)]
@@ -233,7 +263,7 @@ def test_bodies_and_heads_no_endpoint_takes(demo: DemoStore) -> None:
     upload, a GET with a body), or 4 MiB of one sent at once: no endpoint reads a body, so the
     answer comes (405, 200) and the connection is closed at once. Request heads of 20 KiB and
     1 MiB: answered (the larger with 431) or cut, never held. No connection outlives it."""
-    with served(demo.root) as (url, proc):
+    with serving(demo.root) as (url, proc):
         port = port_of(url)
         with watched(port, proc.pid, "request bodies and large heads"):
             trickled = []
@@ -280,10 +310,10 @@ def test_a_thousand_ranges_get_the_whole_blob_at_once(demo: DemoStore) -> None:
     layer = demo.manifest("qwen3:0.6b").layer("model.gguf")
     data = demo.blob_path(layer.digest).read_bytes()
     ranges = "bytes=" + ",".join(f"{2 * i}-{2 * i}" for i in range(1000))
-    with served(demo.root) as (url, proc):
+    with serving(demo.root) as (url, proc):
         port = port_of(url)
         with watched(port, proc.pid, "1,000-range requests"):
-            for _ in range(30):
+            for _ in range(100):
                 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
                 started = time.monotonic()
                 conn.request(
@@ -305,7 +335,7 @@ def test_a_slow_download_is_not_cut(demo: DemoStore, tmp_path: Path) -> None:
     assert CURL is not None
     layer = demo.manifest(f"{GEMMA}@llamacpp").layer("model.gguf")
     out = tmp_path / "blob"
-    with served(demo.root) as (url, _):
+    with serving(demo.root) as (url, _):
         started = time.monotonic()
         done = subprocess.run(
             [
@@ -329,134 +359,6 @@ def test_a_slow_download_is_not_cut(demo: DemoStore, tmp_path: Path) -> None:
 
 
 # -- a hostile upstream for `modelfs serve --mirror` ------------------------------------------
-BLOB_BYTES = 1 << 20
-ENDLESS_FOR = 15.0  # seconds an endless body goes on, at most, if the mirror keeps reading
-
-
-def digest_of(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-BAD = {
-    m: digest_of((m.encode() * BLOB_BYTES)[:BLOB_BYTES])
-    for m in ("endless-blob", "gzip-blob", "wrong-blob")
-}
-
-CONFIG = b"{}"
-
-
-def manifest_of(mode: str) -> bytes:
-    return json.dumps(
-        {
-            "schemaVersion": 2,
-            "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
-            "config": {
-                "mediaType": "application/vnd.docker.container.image.v1+json",
-                "digest": digest_of(CONFIG),
-                "size": len(CONFIG),
-            },
-            "layers": [
-                {
-                    "mediaType": "application/vnd.ollama.image.model",
-                    "digest": BAD[mode],
-                    "size": BLOB_BYTES,
-                }
-            ],
-        }
-    ).encode()
-
-
-def gzip_bomb(size: int) -> bytes:
-    """`size` zero bytes, gzipped: about a thousandth of that."""
-    packer = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
-    zeros = bytes(1 << 20)
-    return b"".join(packer.compress(zeros) for _ in range(size >> 20)) + packer.flush()
-
-
-class Hostile(BaseHTTPRequestHandler):
-    """`/v2/library/<mode>/…`, answered as `mode` says: `redirect` to itself for ever,
-    `endless` bodies, `gzip` bombs (1 GiB of zeros). `<mode>-blob` has a good manifest, whose
-    config blob is right and whose layer is answered so (or with `wrong` bytes)."""
-
-    protocol_version = "HTTP/1.1"
-    bomb = b""
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-    def handle(self) -> None:
-        # The mirror hangs up on what it refuses: no traceback for that.
-        with contextlib.suppress(ConnectionResetError, BrokenPipeError):
-            super().handle()
-
-    def do_HEAD(self) -> None:
-        self.do_GET()
-
-    def do_GET(self) -> None:
-        parts = self.path.split("/")
-        repo = parts[3] if len(parts) > 4 else ""
-        mode = repo.removesuffix("-blob")
-        if mode == "redirect":
-            self._answer(302, b"", {"Location": self.path})
-        elif self.path.endswith(digest_of(CONFIG)):
-            self._answer(200, CONFIG)
-        elif "/manifests/" in self.path and repo in BAD:
-            raw = manifest_of(repo)
-            self._answer(200, raw, {"Docker-Content-Digest": digest_of(raw)})
-        elif mode == "endless":
-            self._endless(b" " if "/manifests/" in self.path else b"x")
-        elif mode == "gzip":
-            self._answer(200, self.bomb, {"Content-Encoding": "gzip"})
-        elif mode == "wrong":
-            self._answer(200, bytes(BLOB_BYTES))
-        else:
-            self._answer(404, b"{}")
-
-    def _answer(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
-        self.send_response(status)
-        if "/manifests/" in self.path:
-            self.send_header("Content-Type", "application/vnd.docker.distribution.manifest.v2+json")
-        for key, value in (headers or {}).items():
-            self.send_header(key, value)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if self.command == "GET":
-            try:
-                self.wfile.write(body)
-            except OSError:
-                self.close_connection = True
-
-    def _endless(self, byte: bytes) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "application/vnd.docker.distribution.manifest.v2+json")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        self.close_connection = True
-        if self.command != "GET":
-            return
-        piece = b"10000\r\n" + byte * 0x10000 + b"\r\n"
-        started = time.monotonic()
-        try:
-            while time.monotonic() - started < ENDLESS_FOR:
-                self.wfile.write(piece)
-        except OSError:
-            pass
-
-
-@contextmanager
-def hostile_upstream() -> Iterator[str]:
-    Hostile.bomb = gzip_bomb(1 << 30)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Hostile)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 def fetch(port: int, path: str) -> tuple[int, bytes, bool]:
     """(status, body, whole): whole is False when the server cut the answer short."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
@@ -472,35 +374,41 @@ def fetch(port: int, path: str) -> tuple[int, bytes, bool]:
         conn.close()
 
 
+ROUNDS = 5  # each attack on the mirror, so many times
+
+
 def test_a_hostile_upstream_gets_nothing_kept(tmp_path: Path) -> None:
     """Through `modelfs serve --mirror`: a redirect loop (a manifest's and a blob's), an
     endless manifest and blob, a gzip bomb of a manifest and of a blob (1 GiB of zeros in 1 MiB),
-    a blob of the wrong bytes. Each manifest is a 502 that says why; each blob answer is an
-    error or cut short (its bytes are never all sent); nothing of them is kept, no temp file
-    is left; and the mirror stays within memory and answers `/v2/` in time throughout."""
+    a blob of the wrong bytes, each `ROUNDS` times. Each manifest is a 502 that says why;
+    each blob answer is an error or cut short (its bytes are never all sent); nothing of them
+    is kept, no temp file is left; and the mirror stays within memory and answers `/v2/` in
+    time throughout."""
     store = tmp_path / "m"
-    with hostile_upstream() as upstream, mirror(store, upstream) as (url, proc):
+    argv = [sys.executable, "-m", "tests.hostile_upstream"]
+    with server(argv) as upstream, serving(store, "--mirror", upstream) as (url, proc):
         port = port_of(url)
         # Slack for the connections to upstream that the mirror keeps alive (httpx's pool).
         with watched(port, proc.pid, "hostile upstream", fd_slack=2):
-            for mode, why in (
-                ("redirect", "too many redirects"),
-                ("endless", "larger than a manifest can be"),
-                ("gzip", "larger than a manifest can be"),
-            ):
-                status, body, _ = fetch(port, f"/v2/library/{mode}/manifests/1")
-                assert status == 502, (mode, status, body[:200])
-                assert why in json.loads(body)["errors"][0]["message"], (mode, body[:200])
-            status, body, _ = fetch(port, f"/v2/library/redirect/blobs/{digest_of(b'r')}")
-            assert status == 502 and b"too many redirects" in body, (status, body[:200])
+            for _ in range(ROUNDS):
+                for mode, why in (
+                    ("redirect", "too many redirects"),
+                    ("endless", "larger than a manifest can be"),
+                    ("gzip", "larger than a manifest can be"),
+                ):
+                    status, body, _ = fetch(port, f"/v2/library/{mode}/manifests/1")
+                    assert status == 502, (mode, status, body[:200])
+                    assert why in json.loads(body)["errors"][0]["message"], (mode, body[:200])
+                status, body, _ = fetch(port, f"/v2/library/redirect/blobs/{digest_of(b'r')}")
+                assert status == 502 and b"too many redirects" in body, (status, body[:200])
 
-            # The blobs of a good manifest, answered badly (the manifest's GET starts their
-            # fetch; the client's GET joins it, or starts another).
-            for mode in ("endless-blob", "gzip-blob", "wrong-blob"):
-                status, _, _ = fetch(port, f"/v2/library/{mode}/manifests/1")
-                assert status == 200, mode
-                status, body, whole = fetch(port, f"/v2/library/{mode}/blobs/{BAD[mode]}")
-                assert not (status == 200 and whole), (mode, status, len(body))
+                # The blobs of a good manifest, answered badly (the manifest's GET starts their
+                # fetch; the client's GET joins it, or starts another).
+                for mode in ("endless-blob", "gzip-blob", "wrong-blob"):
+                    status, _, _ = fetch(port, f"/v2/library/{mode}/manifests/1")
+                    assert status == 200, mode
+                    status, body, whole = fetch(port, f"/v2/library/{mode}/blobs/{BAD[mode]}")
+                    assert not (status == 200 and whole), (mode, status, len(body))
         for mode, digest in BAD.items():
             assert not (store / "blobs" / digest.replace(":", "-")).exists(), mode
         tmp = store / ".modelfs" / "tmp"

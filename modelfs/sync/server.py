@@ -628,9 +628,11 @@ class RegistryApp:
                 await send({**message, "more_body": True})
                 message = {"type": "http.response.body", "body": b"", "more_body": False}
             if message["type"] == "http.response.body":
-                # Before the send: hypercorn puts the disconnect that ends the answer inside it.
+                # Before the send: hypercorn closes or recycles the connection inside the last
+                # one, and puts a disconnect then, which must not cancel that halfway (the
+                # socket would stay open).
                 answered = answered or not message.get("more_body", False)
-            await _send_last_shielded(send, message)
+            await send(message)
 
         try:
             with unwrapped():
@@ -646,15 +648,22 @@ class RegistryApp:
                     nursery.cancel_scope.cancel()
         except Exception as exc:
             if status:
-                # The response has begun (a read failed mid-blob): all we can do is cut the
-                # connection, which tells the client the body is short.
+                # The response has begun (a read failed mid-blob, a mirror's upstream sent
+                # wrong bytes): all we can do is cut the connection, which tells the client
+                # the body is short. Returning does that (hypercorn closes a connection whose
+                # answer is unfinished); raising would also log a traceback, one per client
+                # of a hostile upstream, so only what we do not expect is raised.
                 log.warning(
                     "%s %s: aborted after %d bytes: %s", request.method, _show(request), sent, exc
                 )
+                if isinstance(exc, SyncError | StoreError | OSError):
+                    return
                 raise
             err = error_status(exc)
             if err.status >= 500:
-                log.error("%s %s: %s", request.method, _show(request), exc, exc_info=exc)
+                # An upstream's failure (a mirror's 502) is one line; ours comes with a traceback.
+                trace = exc if err.status == 500 else None
+                log.error("%s %s: %s", request.method, _show(request), exc, exc_info=trace)
             await self._send_error(request, counted, err)
         finally:
             method = request.method if request.method in KNOWN_METHODS else "OTHER"
@@ -1269,17 +1278,6 @@ def _encode(headers: Iterable[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
 
 def _show(request: Request) -> str:
     return request.raw_path[:200].decode("latin-1")
-
-
-async def _send_last_shielded(send: Send, message: Message) -> None:
-    """`send(message)`, shielded when it ends the answer: hypercorn then closes or recycles
-    the connection inside this call, and a disconnect that cancels the request meanwhile (the
-    connection's close puts one) would stop it halfway, leaving the socket open."""
-    if message["type"] == "http.response.body" and not message.get("more_body", False):
-        with trio.CancelScope(shield=True):
-            await send(message)
-    else:
-        await send(message)
 
 
 async def _cancel_on_disconnect(

@@ -165,10 +165,7 @@ class ZeroCopyTCPServer(TCPServer):
         if count > 0:
             await self._sendfile(fd, offset, int(count))
         if not message.get("more_body", False):
-            # Shielded: hypercorn closes or recycles the connection inside it (sync.server
-            # `_send_last_shielded`).
-            with trio.CancelScope(shield=True):
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _sendfile(self, fd: int, offset: int, count: int) -> None:
         sock = self._socket()
