@@ -4,9 +4,10 @@
 
 prints `listening on http://HOST:PORT` and serves until killed. `/v2/library/<mode>/…` is
 answered as `mode` says: `redirect` to itself for ever, `endless` bodies (for at most
-`ENDLESS_FOR` seconds each), `gzip` bombs (1 GiB of zeros in about 1 MiB). `<mode>-blob`
-(`BAD`) has a good manifest whose config blob is right and whose 1 MiB layer is answered so,
-or with the `wrong` bytes.
+`ENDLESS_FOR` seconds each), `gzip` bombs (1 GiB of zeros in about 1 MiB), `corrupt` gzip.
+`<mode>-blob` (`BAD`) has a good manifest whose config blob is right and whose 1 MiB layer is
+answered so, or with the `wrong` bytes. `gzipped` and `deflated` are that good manifest,
+honestly compressed.
 """
 
 from __future__ import annotations
@@ -96,6 +97,15 @@ class Hostile(BaseHTTPRequestHandler):
             self._endless(b" " if "/manifests/" in self.path else b"x")
         elif mode == "gzip":
             self._answer(200, self.bomb, {"Content-Encoding": "gzip"})
+        elif mode in ("gzipped", "deflated"):  # an honest compressed manifest, as a CDN sends
+            raw = manifest_of("wrong-blob")
+            packed = zlib.compress(raw, wbits=16 + zlib.MAX_WBITS if mode == "gzipped" else 15)
+            coding = {"Content-Encoding": "gzip" if mode == "gzipped" else "deflate"}
+            self._answer(200, packed, {"Docker-Content-Digest": digest_of(raw), **coding})
+        elif mode == "corrupt":  # gzip that breaks off after its header
+            self._answer(
+                200, zlib.compress(b"{}" * 1000, wbits=31)[:30], {"Content-Encoding": "gzip"}
+            )
         elif mode == "wrong":
             self._answer(200, bytes(BLOB_BYTES))
         else:

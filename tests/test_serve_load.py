@@ -37,7 +37,7 @@ import pytest
 
 from modelfs.demo import GEMMA, DemoStore, build_demo_store
 from modelfs.sync.serve import HEADER_TIMEOUT
-from tests.hostile_upstream import BAD, digest_of
+from tests.hostile_upstream import BAD, digest_of, manifest_of
 from tests.test_mirror import NO_PROXY
 from tests.test_pull_hosts import server
 from tests.test_serve_process import MODELFS, read_line, stop
@@ -391,10 +391,11 @@ ROUNDS = 5  # each attack on the mirror, so many times
 def test_a_hostile_upstream_gets_nothing_kept(tmp_path: Path) -> None:
     """Through `modelfs serve --mirror`: a redirect loop (a manifest's and a blob's), an
     endless manifest and blob, a gzip bomb of a manifest and of a blob (1 GiB of zeros in 1 MiB),
-    a blob of the wrong bytes, each `ROUNDS` times. Each manifest is a 502 that says why;
-    each blob answer is an error or cut short (its bytes are never all sent); nothing of them
-    is kept, no temp file is left; and the mirror stays within memory and answers `/v2/` in
-    time throughout."""
+    a blob of the wrong bytes, a corrupt gzip body, each `ROUNDS` times. Each manifest is a 502
+    that says why; each blob answer is an error or cut short (its bytes are never all sent);
+    nothing of them is kept, no temp file is left; and the mirror stays within memory and
+    answers `/v2/` in time throughout. A manifest compressed honestly (gzip, deflate) comes
+    through byte for byte."""
     store = tmp_path / "m"
     argv = [sys.executable, "-m", "tests.hostile_upstream"]
     with server(argv) as upstream, serving(store, "--mirror", upstream) as (url, proc):
@@ -410,6 +411,8 @@ def test_a_hostile_upstream_gets_nothing_kept(tmp_path: Path) -> None:
                     status, body, _ = fetch(port, f"/v2/library/{mode}/manifests/1")
                     assert status == 502, (mode, status, body[:200])
                     assert why in json.loads(body)["errors"][0]["message"], (mode, body[:200])
+                status, body, _ = fetch(port, "/v2/library/corrupt/manifests/1")
+                assert status == 502 and b"broken response" in body, (status, body[:200])
                 status, body, _ = fetch(port, f"/v2/library/redirect/blobs/{digest_of(b'r')}")
                 assert status == 502 and b"too many redirects" in body, (status, body[:200])
 
@@ -420,6 +423,10 @@ def test_a_hostile_upstream_gets_nothing_kept(tmp_path: Path) -> None:
                     assert status == 200, mode
                     status, body, whole = fetch(port, f"/v2/library/{mode}/blobs/{BAD[mode]}")
                     assert not (status == 200 and whole), (mode, status, len(body))
+            # Compressed honestly, as a CDN may: inflated, the manifest byte for byte.
+            for mode in ("gzipped", "deflated"):
+                status, body, whole = fetch(port, f"/v2/library/{mode}/manifests/1")
+                assert (status, body, whole) == (200, manifest_of("wrong-blob"), True), mode
         for mode, digest in BAD.items():
             assert not (store / "blobs" / digest.replace(":", "-")).exists(), mode
         tmp = store / ".modelfs" / "tmp"
