@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import ssl
-from collections.abc import Iterator
+import zlib
+from collections.abc import AsyncIterator, Iterator
 
 import httpx
 
@@ -23,6 +24,9 @@ from modelfs.sync.tokenauth import MAX_WAIT, RegistryAuth, retry_delay
 USER_AGENT = "modelfs/0.1"
 # A stalled peer is one that sends nothing for this long; a slow one that keeps sending is fine.
 READ_TIMEOUT = 30.0
+# What we take compressed, and how much a compressed body may grow in one step (`Inflating`).
+ACCEPT_ENCODING = "gzip, deflate"
+INFLATE_STEP = 64 << 10
 
 
 def make_client(
@@ -45,16 +49,18 @@ def make_client(
 
     # One transport (pool and proxies) for both: the token client needs no closing of its
     # own, since closing `http` closes it.
-    transport = ProxyRouter(
-        rules,
-        tls,
-        verify=verify,
-        limits=httpx.Limits(max_connections=32, max_keepalive_connections=16),
+    transport = Inflating(
+        ProxyRouter(
+            rules,
+            tls,
+            verify=verify,
+            limits=httpx.Limits(max_connections=32, max_keepalive_connections=16),
+        )
     )
 
     def client(auth: httpx.Auth | None) -> httpx.AsyncClient:
         return httpx.AsyncClient(
-            headers={"User-Agent": USER_AGENT},
+            headers={"User-Agent": USER_AGENT, "Accept-Encoding": ACCEPT_ENCODING},
             timeout=timeout,
             follow_redirects=True,
             transport=transport,
@@ -62,6 +68,64 @@ def make_client(
         )
 
     return client(RegistryAuth(logins, client(None), push=push, peer_token=peer_token))
+
+
+class Inflating(httpx.AsyncBaseTransport):
+    """The transport under every client: a gzip or deflate body is inflated here, at most
+    `INFLATE_STEP` bytes at a time, so a reader that caps what it takes (a manifest's 16 MiB,
+    a blob's size) stops a compression bomb after that much. httpx inflates each received
+    piece whole: 64 KiB of zeros compressed 1000:1 were 64 MiB in memory before any cap was
+    looked at. We ask for no other coding (`ACCEPT_ENCODING`), and refuse one sent anyway."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
+        self.inner = inner
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self.inner.handle_async_request(request)
+        coding = response.headers.get("content-encoding", "").strip().lower()
+        if coding in ("", "identity") or request.method == "HEAD":
+            return response
+        if coding not in ("gzip", "x-gzip", "deflate"):
+            await response.aclose()
+            raise httpx.DecodingError(f"Content-Encoding {coding[:40]!r}", request=request)
+        # The length and coding were the compressed body's; what the caller reads is plain.
+        dropped = (b"content-encoding", b"content-length")
+        headers = [(k, v) for k, v in response.headers.raw if k.lower() not in dropped]
+        stream = _Inflated(response, request)
+        return httpx.Response(
+            response.status_code, headers=headers, stream=stream, extensions=response.extensions
+        )
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class _Inflated(httpx.AsyncByteStream):
+    def __init__(self, response: httpx.Response, request: httpx.Request) -> None:
+        self.response = response
+        self.request = request
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        # wbits 32+: a gzip or a zlib header, as the peer sent it (httpx reads deflate so too).
+        inflater = zlib.decompressobj(32 + zlib.MAX_WBITS)
+        stream = self.response.stream
+        assert isinstance(stream, httpx.AsyncByteStream)
+        empty = True
+        try:
+            async for data in stream:
+                empty = empty and not data
+                while data and not inflater.eof:
+                    piece = inflater.decompress(data, INFLATE_STEP)
+                    data = inflater.unconsumed_tail
+                    if piece:
+                        yield piece
+            if not inflater.eof and not empty:  # an empty body (a 404's, say) is no stream
+                raise zlib.error("the compressed body ends early")
+        except zlib.error as exc:
+            raise httpx.DecodingError(f"cannot inflate: {exc}", request=self.request) from None
+
+    async def aclose(self) -> None:
+        await self.response.aclose()
 
 
 def registry_auth(http: httpx.AsyncClient) -> RegistryAuth:
@@ -113,8 +177,10 @@ def mapped_errors(url: str, what: str) -> Iterator[None]:
         if mismatch is not None:
             raise certificate_error(url, mismatch) from None
         raise PeerUnreachableError(f"{url}: cannot connect ({_reason(exc)})") from None
-    except httpx.RemoteProtocolError as exc:
+    except (httpx.RemoteProtocolError, httpx.DecodingError) as exc:
         raise PeerError(f"{url}: broken response while fetching {what} ({_reason(exc)})") from None
+    except httpx.TooManyRedirects:
+        raise PeerError(f"{url}: too many redirects while fetching {what}") from None
     except httpx.TransportError as exc:
         raise PeerUnreachableError(f"{url}: {_reason(exc)} while fetching {what}") from None
 

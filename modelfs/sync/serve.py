@@ -18,6 +18,16 @@ A client that stops reading pins a send that hypercorn shields from cancellation
 body is not shielded, but TLS bodies, headers and small answers are). The
 listener's TCP_USER_TIMEOUT (inherited by every connection) drops such a client after
 `STALL_TIMEOUT_MS`; on a signal, `run_server` exits after `HARD_STOP` seconds whatever is left.
+
+Limits for clients that are slow on purpose (`make_config`): a connection must send a whole
+request's headers within `HEADER_TIMEOUT` of opening or of its last answer (hypercorn's
+keep-alive timer, which runs until a request's headers are complete); a head still incomplete
+past `MAX_HEADER_BYTES` is answered 431 (h11 takes a larger one that came whole in one 64 KiB
+read: memory is bounded all the same); a TLS handshake must end within
+`HANDSHAKE_TIMEOUT`. No endpoint reads a request body: the answer is sent, and the connection
+closed, without waiting for one (sync.server drains it meanwhile). Hypercorn's `read_timeout`
+stays unset: it times each read of the connection, and while a client downloads a blob it
+sends nothing, so any value would cut every download longer than it.
 """
 
 from __future__ import annotations
@@ -49,6 +59,13 @@ log = logging.getLogger(__name__)
 
 GRACE = 5.0  # seconds a request in flight may take to finish after shutdown begins
 STALL_TIMEOUT_MS = 20_000  # unacknowledged data this old: the client is gone or stalled
+HEADER_TIMEOUT = 5.0  # seconds from a connection's start (or last answer) to a whole request head
+HANDSHAKE_TIMEOUT = 10.0  # seconds for a TLS handshake
+MAX_HEADER_BYTES = 16 << 10  # a request head still incomplete past this: 431
+# Connections waiting to be accepted: at hypercorn's 100, a burst of connects (hundreds of
+# idle sockets opened at once) overflowed it, and a client whose SYN was dropped waited 1 s
+# for its retry. The kernel caps it at net.core.somaxconn.
+BACKLOG = 1024
 HARD_STOP = GRACE + 2.0  # `modelfs serve` exits this long after a signal, whatever is left
 _LISTEN = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.%\w]+)\]|(?P<host>[^\[\]:]*)):(?P<port>[0-9]{1,5})")
 
@@ -130,6 +147,12 @@ def make_config(
         # throughput and buy nothing.
         config.alpn_protocols = ["http/1.1"]
     config.graceful_timeout = GRACE
+    config.keep_alive_timeout = HEADER_TIMEOUT
+    config.ssl_handshake_timeout = HANDSHAKE_TIMEOUT
+    config.h11_max_incomplete_size = MAX_HEADER_BYTES
+    config.h2_max_header_list_size = MAX_HEADER_BYTES
+    config.backlog = BACKLOG
+    config.read_timeout = None  # see the module's docstring: it would cut downloads
     config.include_server_header = False
     config.accesslog = None  # the app logs requests itself, at debug level
     # Hypercorn's own log goes through ours; its "Running on" line repeats ours, so only

@@ -70,6 +70,7 @@ from urllib.parse import parse_qsl, unquote_to_bytes, urlencode
 import trio
 import zstandard
 
+from modelfs.runtime.groups import unwrapped
 from modelfs.store.digest import Digest
 from modelfs.store.errors import (
     BlobError,
@@ -612,9 +613,10 @@ class RegistryApp:
         started = time.monotonic()
         status = 0
         sent = 0
+        answered = False
 
         async def counted(message: Message) -> None:
-            nonlocal status, sent
+            nonlocal status, sent, answered
             if message["type"] == "http.response.start":
                 status = message["status"]
             elif message["type"] == "http.response.body":
@@ -624,21 +626,47 @@ class RegistryApp:
             elif message["type"] == ZEROCOPY:
                 sent += message["count"]
                 self.stats.bytes_served += message["count"]
+            if message["type"] == ZEROCOPY and not message.get("more_body", False):
+                # The file, cancellable (a client that hangs up stops it), then the end.
+                await send({**message, "more_body": True})
+                message = {"type": "http.response.body", "body": b"", "more_body": False}
+            if message["type"] == "http.response.body":
+                # Before the send: hypercorn closes or recycles the connection inside the last
+                # one, and puts a disconnect then, which must not cancel that halfway (the
+                # socket would stay open).
+                answered = answered or not message.get("more_body", False)
             await send(message)
 
         try:
-            await self._handle(request, receive, counted)
+            with unwrapped():
+                async with trio.open_nursery() as nursery:
+                    # Whatever a request waits on (a blob's bytes, a mirror's upstream), a
+                    # client that hangs up cancels it, and a body sent with it is read and
+                    # dropped: left unread, it fills hypercorn's queue for the app, where the
+                    # disconnect can then never be put, and the connection stays open for ever.
+                    nursery.start_soon(
+                        _cancel_on_disconnect, receive, nursery.cancel_scope, lambda: answered
+                    )
+                    await self._handle(request, counted)
+                    nursery.cancel_scope.cancel()
         except Exception as exc:
             if status:
-                # The response has begun (a read failed mid-blob): all we can do is cut the
-                # connection, which tells the client the body is short.
+                # The response has begun (a read failed mid-blob, a mirror's upstream sent
+                # wrong bytes): all we can do is cut the connection, which tells the client
+                # the body is short. Returning does that (hypercorn closes a connection whose
+                # answer is unfinished); raising would also log a traceback, one per client
+                # of a hostile upstream, so only what we do not expect is raised.
                 log.warning(
                     "%s %s: aborted after %d bytes: %s", request.method, _show(request), sent, exc
                 )
+                if isinstance(exc, SyncError | StoreError | OSError):
+                    return
                 raise
             err = error_status(exc)
             if err.status >= 500:
-                log.error("%s %s: %s", request.method, _show(request), exc, exc_info=exc)
+                # An upstream's failure (a mirror's 502) is one line; ours comes with a traceback.
+                trace = exc if err.status == 500 else None
+                log.error("%s %s: %s", request.method, _show(request), exc, exc_info=trace)
             await self._send_error(request, counted, err)
         finally:
             method = request.method if request.method in KNOWN_METHODS else "OTHER"
@@ -752,7 +780,7 @@ class RegistryApp:
         await self._respond_json(request, send, self.access.issue(key_id))
 
     # -- routing -------------------------------------------------------------------------
-    async def _handle(self, request: Request, receive: Receive, send: Send) -> None:
+    async def _handle(self, request: Request, send: Send) -> None:
         if request.raw_path == TOKEN_PATH.encode() and self.access.enabled:
             if request.method != "GET":
                 raise HTTPError(
@@ -773,7 +801,7 @@ class RegistryApp:
             )
         segments = split_path(request.raw_path)
         if segments[:1] == ["v2"]:
-            await self._v2(request, segments[1:], receive, send)
+            await self._v2(request, segments[1:], send)
         elif segments == ["modelfs", "v1", "status"]:
             await self._respond_json(request, send, await self._status())
         elif segments == ["metrics"]:
@@ -782,7 +810,7 @@ class RegistryApp:
         else:
             raise HTTPError(404, "NOT_FOUND", "no such endpoint")
 
-    async def _v2(self, request: Request, rest: list[str], receive: Receive, send: Send) -> None:
+    async def _v2(self, request: Request, rest: list[str], send: Send) -> None:
         if rest in ([], [""]):
             await self._respond_json(request, send, {})
             return
@@ -807,7 +835,7 @@ class RegistryApp:
             if rest[-2] == "manifests":
                 await self._manifest(request, repository, rest[-1], send)
             else:
-                await self._blob(request, repository, Digest.parse(rest[-1]), receive, send)
+                await self._blob(request, repository, Digest.parse(rest[-1]), send)
             return
         raise HTTPError(404, "NOT_FOUND", "no such endpoint")
 
@@ -945,9 +973,7 @@ class RegistryApp:
             raise
         return OpenBlob(fd, st.st_size, data)
 
-    async def _blob(
-        self, request: Request, repository: str, digest: Digest, receive: Receive, send: Send
-    ) -> None:
+    async def _blob(self, request: Request, repository: str, digest: Digest, send: Send) -> None:
         view = await self.view()
         open_it = partial(self._open_blob, view, digest, read_small=request.method == "GET")
         try:
@@ -958,7 +984,7 @@ class RegistryApp:
             fetch = await self.mirror.blob(repository, digest)
             blob = await trio.to_thread.run_sync(_open_growing, fetch, open_it)
         try:
-            await self._send_blob(request, view, digest, blob, receive, send)
+            await self._send_blob(request, view, digest, blob, send)
         finally:
             os.close(blob.fd)
 
@@ -978,7 +1004,6 @@ class RegistryApp:
         view: View,
         digest: Digest,
         blob: OpenBlob,
-        receive: Receive,
         send: Send,
     ) -> None:
         size = blob.size
@@ -1038,21 +1063,20 @@ class RegistryApp:
         if request.method == "HEAD" or length == 0:
             await send({"type": "http.response.body", "body": b""})
             return
+        # Counted as it starts: the disconnect that follows a complete answer may cancel
+        # what comes after its last send (`__call__`).
+        self.stats.blobs_served += 1
         if blob.data is not None:
             await send({"type": "http.response.body", "body": blob.data[first : first + length]})
-            self.stats.blobs_served += 1
             return
-        async with trio.open_nursery() as nursery:
-            # A client that hangs up must not leave us reading the rest of a 40 GB blob.
-            nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
-            if request.zerocopy and blob.growing is None:
-                # Kernel to socket: the bytes never pass through Python (sync.zerocopy).
-                message = {"type": ZEROCOPY, "file": blob.fd, "offset": first, "count": length}
-                await send(message)
-            else:
-                await _stream(blob.fd, first, length, send, blob.growing)
-            nursery.cancel_scope.cancel()
-        self.stats.blobs_served += 1
+        # A client that hangs up cancels this (`__call__`): we do not read the rest of a
+        # 40 GB blob for no one.
+        if request.zerocopy and blob.growing is None:
+            # Kernel to socket: the bytes never pass through Python (sync.zerocopy).
+            message = {"type": ZEROCOPY, "file": blob.fd, "offset": first, "count": length}
+            await send(message)
+        else:
+            await _stream(blob.fd, first, length, send, blob.growing)
 
     async def _zstd(self, blob: OpenBlob, digest: Digest) -> bytes | None:
         """The blob compressed, or None when that does not save a tenth."""
@@ -1120,7 +1144,12 @@ class RegistryApp:
             ((f'{{method="{m}",code="{c}"}}', n) for (m, c), n in sorted(s.requests.items())),
         )
         metric("bytes_served_total", "counter", "Response body bytes sent.", [("", s.bytes_served)])
-        metric("blobs_served_total", "counter", "Blob GETs served in full.", [("", s.blobs_served)])
+        metric(
+            "blobs_served_total",
+            "counter",
+            "Blob GETs answered with the blob.",
+            [("", s.blobs_served)],
+        )
         metric(
             "manifests_served_total", "counter", "Manifest GETs served.", [("", s.manifests_served)]
         )
@@ -1259,11 +1288,16 @@ def _show(request: Request) -> str:
     return request.raw_path[:200].decode("latin-1")
 
 
-async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
+async def _cancel_on_disconnect(
+    receive: Receive, scope: trio.CancelScope, answered: Callable[[], bool]
+) -> None:
+    """Read the request's messages (dropping any body) until the client is gone; then cancel
+    `scope`, unless the answer was complete (hypercorn says "disconnect" after every answer)."""
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            scope.cancel()
+            if not answered():
+                scope.cancel()
             return
 
 
