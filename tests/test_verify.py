@@ -29,7 +29,7 @@ from modelfs.store.names import parse_name
 from modelfs.store.scan import scan_store
 from modelfs.store.sizes import human_bytes
 from modelfs.store.verify import FileKey, VerifyCache, check_blob, quarantine_blob
-from modelfs.sync.verify import VerifyOptions, run_verify
+from modelfs.sync.daemon.verify import VerifyOptions, run_verify
 from tests.builders import TinyStore
 from tests.mounting import fuse, mounted
 from tests.test_mount import wait_until

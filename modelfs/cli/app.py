@@ -26,7 +26,7 @@ from modelfs.store.sizes import counted
 from modelfs.sync.errors import SyncError
 
 if TYPE_CHECKING:
-    from modelfs.sync.credentials import Credentials
+    from modelfs.sync.client.credentials import Credentials
 
 log = logging.getLogger("modelfs")
 
@@ -197,7 +197,7 @@ def cmd_umount(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from modelfs.sync.serve import print_pin, run_server
+    from modelfs.sync.registry.serve import print_pin, run_server
 
     if args.print_pin:
         if args.tls_cert is None:
@@ -254,8 +254,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
     from modelfs.cli.gcreport import render_gc
     from modelfs.store.errors import LockBusyError
     from modelfs.store.gc import GcPolicy, grace_problem
-    from modelfs.sync.gc import run_gc
-    from modelfs.sync.threads import run_unwrapped
+    from modelfs.sync.client.threads import run_unwrapped
+    from modelfs.sync.daemon.gc import run_gc
 
     problem = grace_problem(args.grace, args.grace_below_floor, "--grace-below-floor")
     if problem is not None:
@@ -303,9 +303,9 @@ def _writable_root(explicit: Path | None) -> Path:
 
 
 def cmd_sync(args: argparse.Namespace) -> int:
-    from modelfs.sync.config import load_config
-    from modelfs.sync.credentials import CredentialsError, read_credentials
-    from modelfs.sync.daemon import run_daemon
+    from modelfs.sync.client.credentials import CredentialsError, read_credentials
+    from modelfs.sync.daemon.config import load_config
+    from modelfs.sync.daemon.daemon import run_daemon
 
     config = load_config(args.config)
     root = _writable_root(args.store or config.store)
@@ -314,14 +314,14 @@ def cmd_sync(args: argparse.Namespace) -> int:
     except CredentialsError as exc:
         raise UserError(f"{config.path}: token_file: {exc}") from None
     if config.authorized_keys is not None:
-        from modelfs.sync.signin import AccessConfigError, AuthorizedKeys
+        from modelfs.sync.wire.signin import AccessConfigError, AuthorizedKeys
 
         try:
             AuthorizedKeys(config.authorized_keys)
         except AccessConfigError as exc:
             raise UserError(f"{config.path}: authorized_keys: {exc}") from None
     if config.tls_cert is not None and config.tls_key is not None:
-        from modelfs.sync.serve import ServeError, check_tls
+        from modelfs.sync.registry.serve import ServeError, check_tls
 
         try:
             check_tls(config.tls_cert, config.tls_key)
@@ -336,7 +336,7 @@ def cmd_sync(args: argparse.Namespace) -> int:
 def _own_certificate(tls_cert: Path) -> ssl.SSLContext | bool:
     """The daemon found through its config is trusted by its own certificate's pin (a
     self-signed one is no CA's); a certificate this user cannot read: the usual checks."""
-    from modelfs.sync.pins import pin_of_cert_file, pinned_context
+    from modelfs.sync.wire.pins import pin_of_cert_file, pinned_context
 
     try:
         return pinned_context(pin_of_cert_file(tls_cert))
@@ -350,7 +350,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     url, token_file = args.url, args.token_file
     verify: ssl.SSLContext | bool = True
     if url is None or token_file is None:
-        from modelfs.sync.config import DEFAULT_CONFIG, load_config
+        from modelfs.sync.daemon.config import DEFAULT_CONFIG, load_config
 
         # The daemon's own config says where it listens and which token it takes; without
         # one (no --config, nothing at the default path) the daemon's defaults are assumed.
@@ -372,8 +372,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_pull(args: argparse.Namespace) -> int:
     from modelfs.cli.progress import BarProgress, JsonProgress, LineProgress
-    from modelfs.sync.progress import Progress
-    from modelfs.sync.pull import PullOptions, run_pull
+    from modelfs.sync.pull.progress import Progress
+    from modelfs.sync.pull.puller import PullOptions, run_pull
 
     sources = [u.rstrip("/") for u in args.sources]
     for url in sources:
@@ -416,7 +416,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from modelfs.cli.verify import render
-    from modelfs.sync.verify import VerifyOptions, run_verify
+    from modelfs.sync.daemon.verify import VerifyOptions, run_verify
 
     if not args.verbose:
         logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -511,7 +511,7 @@ def _login_arguments(p: argparse.ArgumentParser, token_help: str) -> None:
 
 def _credentials(args: argparse.Namespace) -> Credentials | None:
     """The credentials given on the command line; None: docker's, for registries that ask."""
-    from modelfs.sync.credentials import read_credentials, read_password
+    from modelfs.sync.client.credentials import read_credentials, read_password
 
     if (args.username is None) != (not args.password_stdin):
         raise UserError("--username and --password-stdin go together")

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from modelfs.store.durations import format_duration
 from modelfs.store.gc import FileItem, GcPlan
 from modelfs.store.sizes import human_bytes
-from modelfs.sync.gc import GcReport
+from modelfs.sync.daemon.gc import GcReport
 
 
 def _total(items: Sequence[FileItem]) -> str:

@@ -51,9 +51,11 @@ from modelfs.store.leases import HEARTBEAT, LeaseKeeper
 from modelfs.store.names import Name, parse_name
 from modelfs.store.scan import StoreIndex, child_runner
 from modelfs.store.tagid import TagId, tag_ids
-from modelfs.sync.client import peer_session
-from modelfs.sync.config import ConfigError, SyncConfig, load_config
-from modelfs.sync.credentials import Logins, read_credentials
+from modelfs.sync.client.credentials import Logins, read_credentials
+from modelfs.sync.client.peer import peer_session
+from modelfs.sync.client.threads import run_unwrapped
+from modelfs.sync.daemon.config import ConfigError, SyncConfig, load_config
+from modelfs.sync.daemon.gc import GcReport, run_gc
 from modelfs.sync.errors import (
     LocalWriteError,
     PeerAuthError,
@@ -62,14 +64,12 @@ from modelfs.sync.errors import (
     PeerUnprovenError,
     SyncError,
 )
-from modelfs.sync.gc import GcReport, run_gc
-from modelfs.sync.mirror import Mirror
-from modelfs.sync.pins import UNPINNED, pin_of_cert_file
-from modelfs.sync.progress import TallyProgress
-from modelfs.sync.pull import PullOptions, pull, pull_lease
-from modelfs.sync.serve import serve, server_names
-from modelfs.sync.server import RegistryApp
-from modelfs.sync.threads import run_unwrapped
+from modelfs.sync.mirror.mirror import Mirror
+from modelfs.sync.pull.progress import TallyProgress
+from modelfs.sync.pull.puller import PullOptions, pull, pull_lease
+from modelfs.sync.registry.serve import serve, server_names
+from modelfs.sync.registry.server import RegistryApp
+from modelfs.sync.wire.pins import UNPINNED, pin_of_cert_file
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ from modelfs.store.manifest import (
 )
 from modelfs.store.names import Name, name_from_path_parts
 from modelfs.store.scan import child_runner, rank_children, read_limited
-from modelfs.sync.client import FetchedManifest
+from modelfs.sync.client.peer import FetchedManifest
 from modelfs.sync.errors import local_error
 
 log = logging.getLogger(__name__)

@@ -40,10 +40,10 @@ import trio
 from hypercorn.config import Config
 
 from modelfs.runtime.groups import unwrapped
-from modelfs.sync.credentials import read_credentials
+from modelfs.sync.client.credentials import read_credentials
 from modelfs.sync.errors import SyncError
-from modelfs.sync.pins import names_of_cert_file, pin_of_cert_file
-from modelfs.sync.zerocopy import serve_hypercorn
+from modelfs.sync.registry.zerocopy import serve_hypercorn
+from modelfs.sync.wire.pins import names_of_cert_file, pin_of_cert_file
 
 log = logging.getLogger(__name__)
 
@@ -268,8 +268,8 @@ def run_server(
     """
     from modelfs.store.layout import Layout
     from modelfs.store.scan import DEFAULT_PREFER
-    from modelfs.sync.server import RegistryApp
-    from modelfs.sync.signin import AccessConfigError
+    from modelfs.sync.registry.server import RegistryApp
+    from modelfs.sync.wire.signin import AccessConfigError
 
     credentials = read_credentials(token_file)
     token = credentials.secret if credentials is not None else None
@@ -297,8 +297,8 @@ def run_server(
     except ValueError as exc:  # a public URL that is not one
         raise ServeError(f"--public-url {exc}") from None
     if mirror is not None:
-        from modelfs.sync.credentials import Logins
-        from modelfs.sync.mirror import DEFAULT_TTL, Mirror
+        from modelfs.sync.client.credentials import Logins
+        from modelfs.sync.mirror.mirror import DEFAULT_TTL, Mirror
 
         # Docker's credentials for the upstream, never our own --token-file: that one is
         # what our clients send us.

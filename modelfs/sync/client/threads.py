@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import trio
 
 from modelfs.runtime.groups import unwrapped
-from modelfs.sync.partial import Stopped
+from modelfs.sync.client.partial import Stopped
 
 T = TypeVar("T")
 

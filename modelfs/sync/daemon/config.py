@@ -23,10 +23,10 @@ from modelfs.store.leases import DEFAULT_TTL
 from modelfs.store.lockfile import host_id
 from modelfs.store.scan import DEFAULT_PREFER
 from modelfs.sync.errors import SyncError
-from modelfs.sync.mirror import DEFAULT_TTL as MIRROR_TTL
-from modelfs.sync.pins import parse_pin
-from modelfs.sync.realm import parse_public_url
-from modelfs.sync.serve import DEFAULT_PORT, ServeError, parse_listen
+from modelfs.sync.mirror.mirror import DEFAULT_TTL as MIRROR_TTL
+from modelfs.sync.registry.serve import DEFAULT_PORT, ServeError, parse_listen
+from modelfs.sync.wire.pins import parse_pin
+from modelfs.sync.wire.realm import parse_public_url
 
 T = TypeVar("T")
 MAX_CONFIG_BYTES = 1 << 20

@@ -39,7 +39,7 @@ def name_from_repository(repo: str, tag: str) -> Name:
         host, (namespace, model) = DEFAULT_HOST, parts
     elif len(parts) == 3:
         host, namespace, model = parts
-        # `modelfs push` writes a port's ':' as '__' (modelfs/sync/registry_names.py); no real host
+        # `modelfs push` writes a port's ':' as '__' (sync/wire/registry_names.py); no real host
         # holds '__', so reading it back is unambiguous and both spellings reach one model.
         host = host.replace("__", ":")
     else:

@@ -73,7 +73,10 @@ from modelfs.store.manifest import (
 )
 from modelfs.store.names import Name
 from modelfs.store.scan import DEFAULT_PREFER, rank_children
-from modelfs.sync.client import (
+from modelfs.sync.client.credentials import Logins
+from modelfs.sync.client.http import mapped_errors, raise_for_status
+from modelfs.sync.client.partial import AlignedPool, PartialBlob
+from modelfs.sync.client.peer import (
     FetchedManifest,
     NeedsHttpx,
     PeerClient,
@@ -82,14 +85,11 @@ from modelfs.sync.client import (
     peer_session,
     repositories,
 )
-from modelfs.sync.credentials import Logins
+from modelfs.sync.client.threads import in_thread
 from modelfs.sync.errors import PeerLiedError, PeerNotFoundError, SyncError
-from modelfs.sync.http import mapped_errors, raise_for_status
-from modelfs.sync.manifests import ManifestWriter, existing_name
-from modelfs.sync.partial import AlignedPool, PartialBlob
-from modelfs.sync.protocol import name_from_repository
-from modelfs.sync.threads import in_thread
-from modelfs.sync.transfer import blob_ok, open_partial, promote
+from modelfs.sync.pull.manifests import ManifestWriter, existing_name
+from modelfs.sync.pull.transfer import blob_ok, open_partial, promote
+from modelfs.sync.wire.protocol import name_from_repository
 
 log = logging.getLogger(__name__)
 

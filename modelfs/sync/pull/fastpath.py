@@ -42,17 +42,8 @@ import trio
 
 from modelfs.store.layout import Layout
 from modelfs.store.names import Name
-from modelfs.sync.client import (
-    Conn,
-    NeedsHttpx,
-    PeerClient,
-    RangeBody,
-    TruncatedBodyError,
-    repositories,
-)
-from modelfs.sync.errors import LocalWriteError, PeerError, local_error
-from modelfs.sync.http import mapped_errors, raise_for_status
-from modelfs.sync.partial import (
+from modelfs.sync.client.http import mapped_errors, raise_for_status
+from modelfs.sync.client.partial import (
     ALIGN,
     AlignedPool,
     PartialBlob,
@@ -61,10 +52,19 @@ from modelfs.sync.partial import (
     split,
     start_writeback,
 )
-from modelfs.sync.threads import in_thread
+from modelfs.sync.client.peer import (
+    Conn,
+    NeedsHttpx,
+    PeerClient,
+    RangeBody,
+    TruncatedBodyError,
+    repositories,
+)
+from modelfs.sync.client.threads import in_thread
+from modelfs.sync.errors import LocalWriteError, PeerError, local_error
 
 if TYPE_CHECKING:  # for annotations only: sync.pull imports this module
-    from modelfs.sync.pull import PullOptions
+    from modelfs.sync.pull.puller import PullOptions
 
 log = logging.getLogger(__name__)
 

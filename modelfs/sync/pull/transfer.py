@@ -34,14 +34,14 @@ from modelfs.store.blobs import BlobStore
 from modelfs.store.digest import Digest
 from modelfs.store.layout import Layout
 from modelfs.store.names import Name
-from modelfs.sync.client import PeerClient
+from modelfs.sync.client.partial import AlignedPool, BlobBusyError, PartialBlob
+from modelfs.sync.client.peer import PeerClient
 from modelfs.sync.errors import LocalWriteError, PeerLiedError, SyncError, local_error
-from modelfs.sync.fastpath import Transfer, attempt
-from modelfs.sync.partial import AlignedPool, BlobBusyError, PartialBlob
-from modelfs.sync.sources import Sources, one_error
+from modelfs.sync.pull.fastpath import Transfer, attempt
+from modelfs.sync.pull.sources import Sources, one_error
 
 if TYPE_CHECKING:  # for annotations only: sync.pull imports this module
-    from modelfs.sync.pull import ModelResult, PullOptions
+    from modelfs.sync.pull.puller import ModelResult, PullOptions
 
 log = logging.getLogger(__name__)
 

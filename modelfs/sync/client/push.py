@@ -1,7 +1,7 @@
 """`modelfs push`: models from the store to an OCI registry.
 
 Everything local is checked before the first request: every name resolves, maps to an OCI
-repository (modelfs/sync/registry_names.py), and has all its blobs in the store at the sizes its
+repository (sync/wire/registry_names.py), and has all its blobs in the store at the sizes its
 manifest says. A missing blob stops the whole push, naming the blob; nothing is sent.
 
 Then, one model after another, against `<URL>/v2/`:
@@ -55,6 +55,7 @@ from modelfs.store.manifest import (
 )
 from modelfs.store.names import Name, parse_name
 from modelfs.store.scan import StoreIndex
+from modelfs.sync.client.http import mapped_errors, raise_for_status
 from modelfs.sync.errors import (
     PeerAuthError,
     PeerError,
@@ -62,10 +63,9 @@ from modelfs.sync.errors import (
     PeerNotFoundError,
     SyncError,
 )
-from modelfs.sync.http import mapped_errors, raise_for_status
-from modelfs.sync.ocirepr import MEDIA_CARRIER, encode_list
-from modelfs.sync.protocol import DIGEST_HEADER
-from modelfs.sync.registry_names import reference_for
+from modelfs.sync.wire.ocirepr import MEDIA_CARRIER, encode_list
+from modelfs.sync.wire.protocol import DIGEST_HEADER
+from modelfs.sync.wire.registry_names import reference_for
 
 log = logging.getLogger(__name__)
 

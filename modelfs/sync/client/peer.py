@@ -53,16 +53,8 @@ from modelfs.store.digest import Digest
 from modelfs.store.errors import InvalidDigestError, InvalidNameError
 from modelfs.store.manifest import MAX_MANIFEST_BYTES, MEDIA_LIST
 from modelfs.store.names import Name, parse_name
-from modelfs.sync.credentials import Credentials, Logins
-from modelfs.sync.errors import (
-    PeerAuthError,
-    PeerError,
-    PeerLiedError,
-    PeerNotFoundError,
-    PeerUnprovenError,
-    PeerUnreachableError,
-)
-from modelfs.sync.http import (
+from modelfs.sync.client.credentials import Credentials, Logins
+from modelfs.sync.client.http import (
     READ_TIMEOUT,
     USER_AGENT,
     certificate_error,
@@ -72,19 +64,27 @@ from modelfs.sync.http import (
     read_capped,
     registry_auth,
 )
-from modelfs.sync.partial import Stopped
-from modelfs.sync.pins import PeerTls, PinMismatch
-from modelfs.sync.protocol import (
+from modelfs.sync.client.partial import Stopped
+from modelfs.sync.client.proxies import ProxyRules
+from modelfs.sync.client.tokenauth import origin as host_of
+from modelfs.sync.client.tokenauth import parse_challenges, retry_delay
+from modelfs.sync.errors import (
+    PeerAuthError,
+    PeerError,
+    PeerLiedError,
+    PeerNotFoundError,
+    PeerUnprovenError,
+    PeerUnreachableError,
+)
+from modelfs.sync.wire.pins import PeerTls, PinMismatch
+from modelfs.sync.wire.protocol import (
     DIGEST_HEADER,
     HOST_HEADER,
     MANIFEST_ACCEPT,
     MAX_HOST_ID,
     NAMES_FIELD,
 )
-from modelfs.sync.proxies import ProxyRules
-from modelfs.sync.signin import PROOF_HEADER, PROOF_NONCE_HEADER, new_nonce, proof_ok
-from modelfs.sync.tokenauth import origin as host_of
-from modelfs.sync.tokenauth import parse_challenges, retry_delay
+from modelfs.sync.wire.signin import PROOF_HEADER, PROOF_NONCE_HEADER, new_nonce, proof_ok
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -126,7 +126,7 @@ def repositories(name: Name) -> list[str]:
     """
     out: list[str] = []
     try:
-        from modelfs.sync.registry_names import repository_for
+        from modelfs.sync.wire.registry_names import repository_for
 
         out.append(repository_for(name))
     except (ImportError, InvalidNameError):
@@ -578,8 +578,8 @@ class PeerClient:
     async def models(self) -> list[Name]:
         """Every model the peer lists (catalog, then tags); repositories that are no Ollama
         name are skipped, with a debug line."""
-        from modelfs.sync.protocol import name_from_repository
-        from modelfs.sync.registry_names import name_for
+        from modelfs.sync.wire.protocol import name_from_repository
+        from modelfs.sync.wire.registry_names import name_for
 
         names: list[Name] = []
         for repo in await self.catalog():

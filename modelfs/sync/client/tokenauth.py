@@ -41,10 +41,10 @@ import httpx
 import trio
 
 from modelfs.runtime.keyedlocks import KeyedLocks
-from modelfs.sync.credentials import Credentials, CredentialsError, Logins
+from modelfs.sync.client.credentials import Credentials, CredentialsError, Logins
 from modelfs.sync.errors import PeerAuthError, PeerError
-from modelfs.sync.protocol import HOST_HEADER
-from modelfs.sync.signin import peer_authorization
+from modelfs.sync.wire.protocol import HOST_HEADER
+from modelfs.sync.wire.signin import peer_authorization
 
 log = logging.getLogger(__name__)
 

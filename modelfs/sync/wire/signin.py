@@ -57,7 +57,7 @@ from cryptography.hazmat.primitives.serialization import load_ssh_public_key
 
 from modelfs.store.fileio import read_file
 from modelfs.sync.errors import SyncError
-from modelfs.sync.realm import Realm
+from modelfs.sync.wire.realm import Realm
 
 log = logging.getLogger(__name__)
 

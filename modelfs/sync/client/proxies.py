@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from modelfs.sync.pins import PeerTls
+from modelfs.sync.wire.pins import PeerTls
 
 
 def _env(env: Mapping[str, str], name: str) -> str:

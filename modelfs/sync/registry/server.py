@@ -96,7 +96,8 @@ from modelfs.store.names import Name
 from modelfs.store.scan import DEFAULT_PREFER, ScanCache, StoreIndex, scan_store
 from modelfs.store.watch import store_signature
 from modelfs.sync.errors import SyncError
-from modelfs.sync.protocol import (
+from modelfs.sync.registry.zerocopy import ZEROCOPY
+from modelfs.sync.wire.protocol import (
     API_VERSION_HEADER,
     DIGEST_HEADER,
     HOST_HEADER,
@@ -104,9 +105,9 @@ from modelfs.sync.protocol import (
     NAMES_FIELD,
     name_from_repository,
 )
-from modelfs.sync.realm import Realm
-from modelfs.sync.registry_names import RegistryNameError, repository_for
-from modelfs.sync.signin import (
+from modelfs.sync.wire.realm import Realm
+from modelfs.sync.wire.registry_names import RegistryNameError, repository_for
+from modelfs.sync.wire.signin import (
     MAX_NONCE,
     PEER_SCHEME,
     PROOF_HEADER,
@@ -118,10 +119,9 @@ from modelfs.sync.signin import (
     SignInRequest,
     proof_path,
 )
-from modelfs.sync.zerocopy import ZEROCOPY
 
 if TYPE_CHECKING:
-    from modelfs.sync.mirror import BlobFetch, Mirror
+    from modelfs.sync.mirror.mirror import BlobFetch, Mirror
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,9 @@ from collections.abc import Iterator
 
 import httpx
 
-from modelfs.sync.credentials import Credentials, Logins
+from modelfs.sync.client.credentials import Credentials, Logins
+from modelfs.sync.client.proxies import ProxyRouter, ProxyRules
+from modelfs.sync.client.tokenauth import MAX_WAIT, RegistryAuth, retry_delay
 from modelfs.sync.errors import (
     PeerAuthError,
     PeerCertificateError,
@@ -16,9 +18,7 @@ from modelfs.sync.errors import (
     PeerNotFoundError,
     PeerUnreachableError,
 )
-from modelfs.sync.pins import UNPINNED, PeerTls, PinMismatch, pin_mismatch
-from modelfs.sync.proxies import ProxyRouter, ProxyRules
-from modelfs.sync.tokenauth import MAX_WAIT, RegistryAuth, retry_delay
+from modelfs.sync.wire.pins import UNPINNED, PeerTls, PinMismatch, pin_mismatch
 
 USER_AGENT = "modelfs/0.1"
 # A stalled peer is one that sends nothing for this long; a slow one that keeps sending is fine.

@@ -42,9 +42,10 @@ from modelfs.store.leases import LeaseKeeper
 from modelfs.store.manifest import Manifest, ManifestList
 from modelfs.store.names import Name, parse_name
 from modelfs.store.scan import DEFAULT_PREFER, child_runner, rank_children
-from modelfs.sync import progress as P
-from modelfs.sync.client import FetchedManifest, PeerClient, PeerSession, peer_session
-from modelfs.sync.credentials import Credentials
+from modelfs.sync.client.credentials import Credentials
+from modelfs.sync.client.http import READ_TIMEOUT
+from modelfs.sync.client.peer import FetchedManifest, PeerClient, PeerSession, peer_session
+from modelfs.sync.client.threads import run_unwrapped
 from modelfs.sync.errors import (
     LocalWriteError,
     PeerError,
@@ -52,11 +53,10 @@ from modelfs.sync.errors import (
     SyncError,
     local_error,
 )
-from modelfs.sync.http import READ_TIMEOUT
-from modelfs.sync.manifests import ManifestWriter, existing_name
-from modelfs.sync.sources import fetch_child, fetch_manifest, order
-from modelfs.sync.threads import run_unwrapped
-from modelfs.sync.transfer import BlobFetcher, blob_ok
+from modelfs.sync.pull import progress as P
+from modelfs.sync.pull.manifests import ManifestWriter, existing_name
+from modelfs.sync.pull.sources import fetch_child, fetch_manifest, order
+from modelfs.sync.pull.transfer import BlobFetcher, blob_ok
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from modelfs.store.digest import Digest
 from modelfs.store.errors import StoreError
 from modelfs.store.manifest import MEDIA_LIST, Manifest, ManifestList, parse_manifest
 from modelfs.store.names import Name
-from modelfs.sync.client import FetchedManifest, PeerClient
+from modelfs.sync.client.peer import FetchedManifest, PeerClient
 from modelfs.sync.errors import (
     PeerAuthError,
     PeerError,
@@ -37,7 +37,7 @@ from modelfs.sync.errors import (
     PeerUnreachableError,
     SyncError,
 )
-from modelfs.sync.ocirepr import decode_list, parse_carrier
+from modelfs.sync.wire.ocirepr import decode_list, parse_carrier
 
 log = logging.getLogger(__name__)
 

@@ -50,9 +50,9 @@ from modelfs.store.verify import (
     quarantined,
 )
 from modelfs.store.verify_report import Corrupt, Owner, Repair, Report, gc_keeps, survey
-from modelfs.sync.credentials import Credentials
+from modelfs.sync.client.credentials import Credentials
+from modelfs.sync.client.threads import in_thread, run_unwrapped
 from modelfs.sync.errors import SyncError
-from modelfs.sync.threads import in_thread, run_unwrapped
 
 log = logging.getLogger(__name__)
 
@@ -331,7 +331,7 @@ async def _repair(
     if not wanted:
         return
     # Imported here: httpx and the pull machinery cost a tenth of a second at start.
-    from modelfs.sync.pull import Puller, PullOptions, peer_clients, pull_lease
+    from modelfs.sync.pull.puller import Puller, PullOptions, peer_clients, pull_lease
 
     log.info("fetching %d blob(s) from %s", len(wanted), ", ".join(options.repair_from))
     pull = (
