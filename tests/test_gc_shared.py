@@ -43,8 +43,9 @@ from modelfs.store.manifest import ManifestList, parse_manifest
 from modelfs.store.names import parse_name
 from modelfs.sync.daemon import gc as gc_runner
 from modelfs.sync.daemon.config import ConfigError, load_config
+from modelfs.sync.pull.options import PullOptions
 from modelfs.sync.pull.progress import NullProgress
-from modelfs.sync.pull.puller import PullOptions, pull
+from modelfs.sync.pull.puller import pull
 from tests.builders import LAYER, TinyStore
 from tests.fakepeer import FakePeer
 from tests.mounting import fuse

@@ -44,7 +44,8 @@ from modelfs.sync.errors import (
     PeerUnreachableError,
 )
 from modelfs.sync.pull.manifests import anchor_bytes
-from modelfs.sync.pull.puller import PullOptions, pull
+from modelfs.sync.pull.options import PullOptions
+from modelfs.sync.pull.puller import pull
 from tests.builders import TinyStore
 from tests.fakepeer import FakePeer, Fault
 

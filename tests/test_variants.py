@@ -14,7 +14,8 @@ from modelfs.store.manifest import MEDIA_LIST, MEDIA_MANIFEST, Manifest, parse_m
 from modelfs.store.scan import rank_children, scan_store
 from modelfs.sync.daemon.config import ConfigError, load_config
 from modelfs.sync.errors import PeerNotFoundError
-from modelfs.sync.pull.puller import PullOptions, pull
+from modelfs.sync.pull.options import PullOptions
+from modelfs.sync.pull.puller import pull
 from tests.builders import TinyStore, compact
 from tests.fakepeer import FakePeer
 from tests.test_pull import tree

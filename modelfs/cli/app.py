@@ -372,8 +372,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_pull(args: argparse.Namespace) -> int:
     from modelfs.cli.progress import BarProgress, JsonProgress, LineProgress
+    from modelfs.sync.pull.options import PullOptions
     from modelfs.sync.pull.progress import Progress
-    from modelfs.sync.pull.puller import PullOptions, run_pull
+    from modelfs.sync.pull.puller import run_pull
 
     sources = [u.rstrip("/") for u in args.sources]
     for url in sources:

@@ -65,8 +65,9 @@ from modelfs.sync.errors import (
     SyncError,
 )
 from modelfs.sync.mirror.mirror import Mirror
+from modelfs.sync.pull.options import PullOptions
 from modelfs.sync.pull.progress import TallyProgress
-from modelfs.sync.pull.puller import PullOptions, pull, pull_lease
+from modelfs.sync.pull.puller import pull, pull_lease
 from modelfs.sync.registry.serve import serve, server_names
 from modelfs.sync.registry.server import RegistryApp
 from modelfs.sync.wire.pins import UNPINNED, pin_of_cert_file

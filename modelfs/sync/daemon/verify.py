@@ -331,7 +331,8 @@ async def _repair(
     if not wanted:
         return
     # Imported here: httpx and the pull machinery cost a tenth of a second at start.
-    from modelfs.sync.pull.puller import Puller, PullOptions, peer_clients, pull_lease
+    from modelfs.sync.pull.options import PullOptions
+    from modelfs.sync.pull.puller import Puller, peer_clients, pull_lease
 
     log.info("fetching %d blob(s) from %s", len(wanted), ", ".join(options.repair_from))
     pull = (

@@ -36,7 +36,6 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import trio
 
@@ -62,9 +61,7 @@ from modelfs.sync.client.peer import (
 )
 from modelfs.sync.client.threads import in_thread
 from modelfs.sync.errors import LocalWriteError, PeerError, local_error
-
-if TYPE_CHECKING:  # for annotations only: sync.pull imports this module
-    from modelfs.sync.pull.puller import PullOptions
+from modelfs.sync.pull.options import PullOptions
 
 log = logging.getLogger(__name__)
 

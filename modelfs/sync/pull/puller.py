@@ -29,7 +29,6 @@ import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import trio
 
@@ -41,9 +40,8 @@ from modelfs.store.layout import Layout
 from modelfs.store.leases import LeaseKeeper
 from modelfs.store.manifest import Manifest, ManifestList
 from modelfs.store.names import Name, parse_name
-from modelfs.store.scan import DEFAULT_PREFER, child_runner, rank_children
+from modelfs.store.scan import child_runner, rank_children
 from modelfs.sync.client.credentials import Credentials
-from modelfs.sync.client.http import READ_TIMEOUT
 from modelfs.sync.client.peer import FetchedManifest, PeerClient, PeerSession, peer_session
 from modelfs.sync.client.threads import run_unwrapped
 from modelfs.sync.errors import (
@@ -55,57 +53,13 @@ from modelfs.sync.errors import (
 )
 from modelfs.sync.pull import progress as P
 from modelfs.sync.pull.manifests import ManifestWriter, existing_name
+from modelfs.sync.pull.options import ModelResult, PullOptions
 from modelfs.sync.pull.sources import fetch_child, fetch_manifest, order
 from modelfs.sync.pull.transfer import BlobFetcher, blob_ok
 
 log = logging.getLogger(__name__)
 
-MiB = 1 << 20
 VANISH_ROUNDS = 4  # fetches of one model's blobs before blobs vanishing under it is an error
-
-
-@dataclass(frozen=True)
-class PullOptions:
-    prefer: tuple[str, ...] = DEFAULT_PREFER
-    all_variants: bool = False
-    # When no peer has the preferred child of a list: take the next one some peer has (a
-    # pull by hand), or fail and write nothing (the sync daemon: the old version stays
-    # rather than the tag switching to a variant this host did not choose).
-    fallback: bool = True
-    read_timeout: float = READ_TIMEOUT
-    small_max: int = 8 * MiB  # blobs below this are fetched whole, in memory
-    parallel_min: int = 256 * MiB  # blobs from this size on may use several connections:
-    workers: int = 4  # up to this many,
-    parallel_below: float = 256e6  # when one brings less than this many bytes/s
-    chunk: int = 16 * MiB  # one receive buffer; one ranged GET when several connections
-    max_blobs: int = 4  # blobs in flight at once
-    checkpoint_every: float = 1.0
-    rounds: int = 2  # tries per source and blob, for transient failures
-    # While blobs are fetched, those of the model already here get a fresh mtime this often:
-    # Ollama's prune spares what is under an hour old, and it does not read our leases.
-    freshen_every: float = 15 * 60.0
-
-
-@dataclass
-class ModelResult:
-    name: str
-    digest: Digest
-    written: list[str] = field(default_factory=list)
-    fetched: int = 0
-    fetched_bytes: int = 0
-    present: int = 0
-    avoided: dict[str, str] = field(default_factory=dict)  # peer URL -> what it did
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "digest": self.digest.hex,
-            "written": self.written,
-            "fetched": self.fetched,
-            "fetched_bytes": self.fetched_bytes,
-            "present": self.present,
-            "avoided": self.avoided,
-        }
 
 
 @dataclass

@@ -26,7 +26,6 @@ import os
 import stat
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import trio
 
@@ -38,10 +37,8 @@ from modelfs.sync.client.partial import AlignedPool, BlobBusyError, PartialBlob
 from modelfs.sync.client.peer import PeerClient
 from modelfs.sync.errors import LocalWriteError, PeerLiedError, SyncError, local_error
 from modelfs.sync.pull.fastpath import Transfer, attempt
+from modelfs.sync.pull.options import ModelResult, PullOptions
 from modelfs.sync.pull.sources import Sources, one_error
-
-if TYPE_CHECKING:  # for annotations only: sync.pull imports this module
-    from modelfs.sync.pull.puller import ModelResult, PullOptions
 
 log = logging.getLogger(__name__)
 
