@@ -32,7 +32,6 @@ PeerError (any other status, a broken response).
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import hashlib
 import json
@@ -42,9 +41,9 @@ import ssl
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TypeVar
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import urljoin
 
 import httpx
 import trio
@@ -66,6 +65,17 @@ from modelfs.sync.client.http import (
 )
 from modelfs.sync.client.partial import Stopped
 from modelfs.sync.client.proxies import ProxyRules
+from modelfs.sync.client.rawhttp import (
+    Conn,
+    NeedsHttpx,
+    RangeBody,
+    StaleConnection,
+    TruncatedBodyError,
+    parse_head,
+    proxy_authorization,
+    range_request,
+    split_url,
+)
 from modelfs.sync.client.tokenauth import origin as host_of
 from modelfs.sync.client.tokenauth import parse_challenges, retry_delay
 from modelfs.sync.errors import (
@@ -97,14 +107,6 @@ MAX_PAGES = 10_000
 MAX_LISTING_BYTES = 16 << 20  # one page of a catalog or tags list, decoded
 
 
-class TruncatedBodyError(PeerLiedError):
-    """The peer closed the connection before sending the bytes it promised."""
-
-
-class NeedsHttpx(Exception):
-    """A response the raw receiver does not handle; fetch this range with httpx."""
-
-
 @dataclass(frozen=True, slots=True)
 class FetchedManifest:
     raw: bytes
@@ -134,168 +136,6 @@ def repositories(name: Name) -> list[str]:
     if name.repository not in out:
         out.append(name.repository)
     return out
-
-
-# -- the raw receiver -------------------------------------------------------------------------
-def _range_request(conn: Conn, url: str, start: int, end: int, authorization: str | None) -> bytes:
-    """The bytes of a GET of `url`'s bytes `start` to `end` on `conn` (absolute-form through
-    a forwarding proxy), with `authorization` when there is one."""
-    scheme, host, port, target = _split_url(url)
-    host_header = f"{f'[{host}]' if ':' in host else host}" + (
-        "" if port in (80, 443) else f":{port}"
-    )
-    lines = [
-        f"GET {f'{scheme}://{host_header}{target}' if conn.forward else target} HTTP/1.1",
-        f"Host: {host_header}",
-        f"User-Agent: {USER_AGENT}",
-        "Accept-Encoding: identity",
-        f"Range: bytes={start}-{end - 1}",
-    ]
-    if authorization:
-        lines.append(f"Authorization: {authorization}")
-    if conn.proxy_authorization:
-        lines.append(f"Proxy-Authorization: {conn.proxy_authorization}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode()
-
-
-@dataclass
-class Conn:
-    """A kept-alive connection to one host, reusable for the next request to it."""
-
-    sock: socket.socket
-    key: tuple[str, str, int]
-    buffered: bytearray = field(default_factory=bytearray)
-    used: bool = False
-    # Through an http proxy to an http URL: requests in absolute form, with these credentials
-    # for the proxy (CONNECT tunnels and direct connections need neither).
-    forward: bool = False
-    proxy_authorization: str | None = None
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.sock.close()
-
-
-class RangeBody:
-    """The body of one 200/206 blob response on a blocking socket; `readinto` until 0.
-
-    `pos` is the blob offset of the next byte. A 206 starts at the range asked for; a 200
-    (a peer that ignores Range: a plain web server, some proxies) is `whole`, from byte 0,
-    and the caller reads only as far as it wants, `skip_to` its next range, and closes it.
-    """
-
-    def __init__(
-        self,
-        conn: Conn,
-        remaining: int,
-        *,
-        url: str,
-        what: str,
-        stop: threading.Event,
-        read_timeout: float,
-        keep_alive: bool,
-        pos: int,
-        whole: bool,
-    ) -> None:
-        self.conn = conn
-        self.remaining = remaining
-        self.expected = remaining
-        self.pos = pos
-        self.whole = whole
-        self.url = url
-        self.what = what
-        self.stop = stop
-        self.read_timeout = read_timeout
-        self.keep_alive = keep_alive
-
-    def readinto(self, view: memoryview) -> int:
-        """Fill as much of `view` as the peer sends now (at least one byte), 0 at the end."""
-        if self.remaining == 0:
-            return 0
-        want = min(len(view), self.remaining)
-        buffered = self.conn.buffered
-        if buffered:
-            n = min(want, len(buffered))
-            view[:n] = buffered[:n]
-            del buffered[:n]
-            self.remaining -= n
-            self.pos += n
-            return n
-        idle_since = time.monotonic()
-        while True:
-            if self.stop.is_set():
-                raise Stopped()
-            try:
-                n = self.conn.sock.recv_into(view, want)
-            except (TimeoutError, BlockingIOError):
-                if time.monotonic() - idle_since > self.read_timeout:
-                    raise PeerUnreachableError(
-                        f"{self.url}: stalled, no data for {self.read_timeout:g} s while "
-                        f"fetching {self.what}"
-                    ) from None
-                continue
-            except OSError as exc:
-                raise self._truncated(exc.strerror or str(exc)) from None
-            if n == 0:
-                raise self._truncated("connection closed")
-            self.remaining -= n
-            self.pos += n
-            return n
-
-    def skip_to(self, offset: int) -> None:
-        """Read and drop the bytes before blob offset `offset` (a no-op at or past it)."""
-        if self.pos >= offset:
-            return
-        scratch = bytearray(min(1 << 20, offset - self.pos))
-        with memoryview(scratch) as view:
-            while self.pos < offset:
-                self.readinto(view[: min(len(view), offset - self.pos)])
-
-    def close(self) -> None:
-        self.conn.close()
-
-    def _truncated(self, why: str) -> TruncatedBodyError:
-        got = self.expected - self.remaining
-        return TruncatedBodyError(
-            f"{self.url}: truncated body ({why} after {got} of {self.expected} bytes) "
-            f"while fetching {self.what}"
-        )
-
-    def release(self) -> Conn | None:
-        """The connection, if it can carry another request; else it is closed."""
-        if self.remaining == 0 and self.keep_alive and not self.conn.buffered:
-            return self.conn
-        self.conn.close()
-        return None
-
-
-def _split_url(url: str) -> tuple[str, str, int, str]:
-    u = urlsplit(url)
-    scheme = u.scheme.lower()
-    if scheme not in ("http", "https") or not u.hostname:
-        raise PeerError(f"{url}: not an http(s) URL")
-    port = u.port or (443 if scheme == "https" else 80)
-    target = u.path or "/"
-    if u.query:
-        target += "?" + u.query
-    return scheme, u.hostname, port, target
-
-
-def _parse_head(head: bytes) -> tuple[int, dict[str, str]]:
-    lines = head.decode("latin-1").split("\r\n")
-    parts = lines[0].split(" ", 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
-        raise ValueError(f"bad status line {lines[0][:80]!r}")
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        if not line:
-            continue
-        key, sep, value = line.partition(":")
-        if not sep:
-            raise ValueError(f"bad header line {line[:80]!r}")
-        key = key.strip().lower()
-        headers[key] = f"{headers[key]}, {value.strip()}" if key in headers else value.strip()
-    return int(parts[1]), headers
 
 
 def _next_link(header: str | None, base: str) -> str | None:
@@ -438,7 +278,7 @@ class PeerClient:
         self._ssl = session.ssl_context
         self.proof_token = None if self.url in session.unproved else session.proof_token
         self.host_id: str | None = None  # what its last listing named its host (HOST_HEADER)
-        _split_url(self.url)  # reject a bad URL now
+        split_url(self.url)  # reject a bad URL now
 
     def _challenge(self, headers: dict[str, str]) -> str | None:
         """Ask the peer for a proof: a fresh nonce in `headers`, returned (None: no proof
@@ -690,14 +530,14 @@ class PeerClient:
         url = self.blob_url(repo, digest)
         what = f"blob {digest}"
         auth = True
-        origin = _split_url(url)[1:3]
+        origin = split_url(url)[1:3]
         signin = self.session.auth
         authorization = _from_trio(signin.header, url, "GET")
         answered = False
         waited = 0.0
         redirects = 0
         while redirects <= MAX_REDIRECTS:
-            scheme, host, port, _ = _split_url(url)
+            scheme, host, port, _ = split_url(url)
             key = (scheme, host, port)
             if conn is not None and conn.key != key:
                 conn.close()
@@ -706,16 +546,16 @@ class PeerClient:
                 conn = self._connect(key, what)
             try:
                 try:
-                    request = _range_request(conn, url, start, end, authorization if auth else None)
+                    request = range_request(conn, url, start, end, authorization if auth else None)
                     status, headers = self._exchange(conn, request, url, what, stop)
-                except _StaleConnection:
+                except StaleConnection:
                     # A kept-alive connection the server had closed: once more, on a new one,
                     # signed anew (a peer takes each proof of the token once).
                     conn.close()
                     conn = self._connect(key, what)
                     if auth:
                         authorization = _from_trio(signin.header, url, "GET")
-                    request = _range_request(conn, url, start, end, authorization if auth else None)
+                    request = range_request(conn, url, start, end, authorization if auth else None)
                     status, headers = self._exchange(conn, request, url, what, stop)
             except BaseException:
                 conn.close()
@@ -754,7 +594,7 @@ class PeerClient:
                 url = urljoin(url, headers["location"])
                 # Never send our token to another host (a registry's storage redirect); on
                 # the same host, what is sent is made for the new path (a peer's proof is).
-                auth = auth and _split_url(url)[1:3] == origin
+                auth = auth and split_url(url)[1:3] == origin
                 if auth:
                     authorization = _from_trio(signin.header, url, "GET")
                 redirects += 1
@@ -836,7 +676,7 @@ class PeerClient:
             reason = (exc.strerror or str(exc)).lower()
             via = "" if proxy is None else f" to {dialled}"
             raise PeerUnreachableError(f"{self.url}: cannot connect{via} ({reason})") from None
-        proxy_auth = _proxy_authorization(proxy)
+        proxy_auth = proxy_authorization(proxy)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with contextlib.suppress(OSError):
@@ -887,7 +727,7 @@ class PeerClient:
                 raise PeerUnreachableError(f"{self.url}: {proxy} closed the CONNECT")
             buf += chunk
         try:
-            status, _ = _parse_head(buf[: buf.index(b"\r\n\r\n")])
+            status, _ = parse_head(buf[: buf.index(b"\r\n\r\n")])
         except ValueError as exc:
             raise PeerError(f"{self.url}: {proxy}: broken CONNECT answer ({exc})") from None
         if status == 407:
@@ -905,7 +745,7 @@ class PeerClient:
             conn.sock.sendall(request)
         except OSError as exc:
             if reused:
-                raise _StaleConnection() from None
+                raise StaleConnection() from None
             raise PeerUnreachableError(
                 f"{self.url}: connection lost while asking for {what} ({exc.strerror})"
             ) from None
@@ -926,33 +766,21 @@ class PeerClient:
                 continue
             except OSError as exc:
                 if reused and not buf:
-                    raise _StaleConnection() from None
+                    raise StaleConnection() from None
                 raise PeerError(
                     f"{self.url}: broken response while fetching {what} ({exc.strerror})"
                 ) from None
             if not chunk:
                 if reused and not buf:
-                    raise _StaleConnection()
+                    raise StaleConnection()
                 raise PeerError(f"{self.url}: connection closed without an answer for {what}")
             buf += chunk
         head = bytes(buf[:end])
         del buf[: end + 4]
         try:
-            return _parse_head(head)
+            return parse_head(head)
         except ValueError as exc:
             raise PeerError(f"{self.url}: broken response while fetching {what} ({exc})") from None
-
-
-class _StaleConnection(Exception):
-    pass
-
-
-def _proxy_authorization(proxy: httpx.URL | None) -> str | None:
-    """Basic credentials for a proxy named `http://user:pass@host:port`, as httpx sends them."""
-    if proxy is None or not proxy.username:
-        return None
-    raw = f"{proxy.username}:{proxy.password}".encode()
-    return "Basic " + base64.b64encode(raw).decode("ascii")
 
 
 def _from_trio(fn: Callable[..., Awaitable[T]], *args: object) -> T:

@@ -78,13 +78,12 @@ from modelfs.sync.client.http import mapped_errors, raise_for_status
 from modelfs.sync.client.partial import AlignedPool, PartialBlob
 from modelfs.sync.client.peer import (
     FetchedManifest,
-    NeedsHttpx,
     PeerClient,
     PeerSession,
-    TruncatedBodyError,
     peer_session,
     repositories,
 )
+from modelfs.sync.client.rawhttp import NeedsHttpx, TruncatedBodyError
 from modelfs.sync.client.threads import in_thread
 from modelfs.sync.errors import PeerLiedError, PeerNotFoundError, SyncError
 from modelfs.sync.pull.manifests import ManifestWriter, existing_name

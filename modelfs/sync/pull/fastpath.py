@@ -51,14 +51,8 @@ from modelfs.sync.client.partial import (
     split,
     start_writeback,
 )
-from modelfs.sync.client.peer import (
-    Conn,
-    NeedsHttpx,
-    PeerClient,
-    RangeBody,
-    TruncatedBodyError,
-    repositories,
-)
+from modelfs.sync.client.peer import PeerClient, repositories
+from modelfs.sync.client.rawhttp import Conn, NeedsHttpx, RangeBody, TruncatedBodyError
 from modelfs.sync.client.threads import in_thread
 from modelfs.sync.errors import LocalWriteError, PeerError, local_error
 from modelfs.sync.pull.options import PullOptions
