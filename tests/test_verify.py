@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
+from modelfs.store.collect.verify import FileKey, VerifyCache, check_blob, quarantine_blob
 from modelfs.store.digest import Digest
 from modelfs.store.history import TagHistory
 from modelfs.store.layout import Layout
@@ -28,7 +29,6 @@ from modelfs.store.leases import LeaseKeeper
 from modelfs.store.names import parse_name
 from modelfs.store.scan import scan_store
 from modelfs.store.sizes import human_bytes
-from modelfs.store.verify import FileKey, VerifyCache, check_blob, quarantine_blob
 from modelfs.sync.daemon.verify import VerifyOptions, run_verify
 from tests.builders import TinyStore
 from tests.mounting import fuse, mounted
@@ -452,7 +452,7 @@ def test_repair_in_the_same_run_as_the_corruption_is_found(tmp_path: Path) -> No
 def test_unreadable_blob_is_reported_not_a_crash(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import modelfs.store.verify as sv
+    import modelfs.store.collect.verify as sv
 
     m = Model(tmp_path / "models")
     real = os.preadv

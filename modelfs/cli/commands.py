@@ -110,7 +110,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_diff(args: argparse.Namespace) -> int:
     from modelfs.cli.diff import render
-    from modelfs.store.diff import diff, resolve, resolve_previous
+    from modelfs.store.formats.diff import diff, resolve, resolve_previous
     from modelfs.store.history import TagHistory
 
     index = _open_index(args)
@@ -150,8 +150,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
 
 def cmd_link(args: argparse.Namespace) -> int:
-    from modelfs.store.toollink import write_links
-    from modelfs.store.toolviews import blob_tensor_names, layout_files, tool_models
+    from modelfs.store.tools.toollink import write_links
+    from modelfs.store.tools.toolviews import blob_tensor_names, layout_files, tool_models
 
     index = _open_index(args)
     files = layout_files(args.layout, tool_models(index, args.prefer), blob_tensor_names(index))
@@ -222,8 +222,8 @@ def cmd_push(args: argparse.Namespace) -> int:
 
 def cmd_gc(args: argparse.Namespace) -> int:
     from modelfs.cli.gcreport import render_gc
+    from modelfs.store.collect.gc import GcPolicy, grace_problem
     from modelfs.store.errors import LockBusyError
-    from modelfs.store.gc import GcPolicy, grace_problem
     from modelfs.sync.client.threads import run_unwrapped
     from modelfs.sync.daemon.gc import run_gc
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from modelfs.store.collect.gc import FileItem, GcPlan
 from modelfs.store.durations import format_duration
-from modelfs.store.gc import FileItem, GcPlan
 from modelfs.store.sizes import human_bytes
 from modelfs.sync.daemon.gc import GcReport
 

@@ -38,15 +38,15 @@ from modelfs.fsd.plan import ModelPlan
 from modelfs.store.compat import CompatViews, ComputeCache, GGUFView
 from modelfs.store.compat.decisions import Decisions
 from modelfs.store.digest import Digest
+from modelfs.store.disk.fileio import open_binary
 from modelfs.store.errors import StoreError
-from modelfs.store.fileio import open_binary
-from modelfs.store.files import ModelFile, model_files
+from modelfs.store.formats.safetensors import read_header_length, read_safetensors_header_path
 from modelfs.store.manifest import Manifest, clean_text
 from modelfs.store.names import Name
-from modelfs.store.safetensors import read_header_length, read_safetensors_header_path
 from modelfs.store.scan import DEFAULT_PREFER, Entry, StoreIndex, Variant
-from modelfs.store.toolviews import ToolModel, blob_tensor_names, layout_files, tool_models
-from modelfs.store.views import MergedSafetensors, merge_safetensors, render_modelfile
+from modelfs.store.tools.files import ModelFile, model_files
+from modelfs.store.tools.toolviews import ToolModel, blob_tensor_names, layout_files, tool_models
+from modelfs.store.tools.views import MergedSafetensors, merge_safetensors, render_modelfile
 
 log = logging.getLogger(__name__)
 

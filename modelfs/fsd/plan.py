@@ -11,7 +11,7 @@ from typing import Protocol
 from modelfs.fsd.nodes import BlobNode
 from modelfs.store.compat import ComputeCache
 from modelfs.store.compat.decisions import Decisions
-from modelfs.store.files import ModelFile
+from modelfs.store.tools.files import ModelFile
 
 
 @dataclass

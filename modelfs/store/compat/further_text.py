@@ -12,7 +12,7 @@ import re
 from modelfs.store.compat.draft import Compute, Draft
 from modelfs.store.compat.markers import Markers
 from modelfs.store.compat.qwen35 import collapse_to_max
-from modelfs.store.gguf import (
+from modelfs.store.formats.gguf import (
     T_ARRAY,
     T_FLOAT32,
     T_INT32,

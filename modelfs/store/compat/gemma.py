@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from modelfs.store.compat.draft import Draft
 from modelfs.store.compat.markers import VISION_PREFIXES, Markers
-from modelfs.store.gguf import (
+from modelfs.store.formats.gguf import (
     T_FLOAT32,
     T_INT32,
     T_UINT32,

@@ -88,7 +88,7 @@ from modelfs.store.compat.vision import (
     handle_qwen25vl_clip,
     qwen3vl_markers,
 )
-from modelfs.store.gguf import (
+from modelfs.store.formats.gguf import (
     T_BOOL,
 )
 

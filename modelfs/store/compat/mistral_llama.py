@@ -10,7 +10,7 @@ import struct
 
 from modelfs.store.compat.draft import GGML_F16, GGML_F32, Compute, Draft
 from modelfs.store.compat.markers import VISION_PREFIXES, Markers
-from modelfs.store.gguf import (
+from modelfs.store.formats.gguf import (
     T_FLOAT32,
     T_UINT32,
 )

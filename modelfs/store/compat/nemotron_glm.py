@@ -11,7 +11,7 @@ import math
 from modelfs.store.compat.draft import GGML_F32, Compute, Draft
 from modelfs.store.compat.markers import VISION_PREFIXES, Markers
 from modelfs.store.compat.vision import CLIP_MEAN, CLIP_STD, pad_sections
-from modelfs.store.gguf import (
+from modelfs.store.formats.gguf import (
     T_ARRAY,
     T_BOOL,
     T_FLOAT32,

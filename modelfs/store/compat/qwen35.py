@@ -9,7 +9,7 @@ import re
 
 from modelfs.store.compat.draft import GGML_F16, GGML_F32, Compute, Draft
 from modelfs.store.compat.markers import Markers
-from modelfs.store.gguf import (
+from modelfs.store.formats.gguf import (
     T_ARRAY,
     T_BOOL,
     T_INT32,

@@ -10,7 +10,7 @@ import math
 from modelfs.store.compat.draft import Draft
 from modelfs.store.compat.markers import VISION_PREFIXES, Markers
 from modelfs.store.compat.qwen35 import merge_qkv, split_patch_embed
-from modelfs.store.gguf import (
+from modelfs.store.formats.gguf import (
     T_ARRAY,
     T_BOOL,
     T_FLOAT32,

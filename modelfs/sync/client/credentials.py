@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO, overload
 
-from modelfs.store.fileio import read_file
+from modelfs.store.disk.fileio import read_file
 from modelfs.sync.errors import SyncError
 
 MAX_TOKEN_FILE = 1024

@@ -36,10 +36,10 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from modelfs.store.digest import Digest
+from modelfs.store.disk.owner import adopt, make_dirs, write_atomic
 from modelfs.store.errors import LockBusyError
 from modelfs.store.layout import Layout
 from modelfs.store.lockfile import LockFile
-from modelfs.store.owner import adopt, make_dirs, write_atomic
 
 log = logging.getLogger(__name__)
 

@@ -42,8 +42,8 @@ import httpx
 import trio
 
 from modelfs.store.digest import CHUNK, Digest
+from modelfs.store.disk.fileio import open_binary
 from modelfs.store.errors import CorruptBlobError, InvalidDigestError, MissingBlobError, StoreError
-from modelfs.store.fileio import open_binary
 from modelfs.store.manifest import (
     MAX_MANIFEST_BYTES,
     MEDIA_MANIFEST,

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from modelfs.store.collect.gc import GcPolicy, grace_problem
+from modelfs.store.disk.fileio import read_file
 from modelfs.store.durations import parse_duration
 from modelfs.store.errors import InvalidNameError
-from modelfs.store.fileio import read_file
-from modelfs.store.gc import GcPolicy, grace_problem
 from modelfs.store.leases import DEFAULT_TTL
 from modelfs.store.lockfile import host_id
 from modelfs.store.scan import DEFAULT_PREFER

@@ -19,7 +19,7 @@ from typing import Any
 import trio
 
 from modelfs.runtime.groups import unwrapped
-from modelfs.store.gc import (
+from modelfs.store.collect.gc import (
     FileItem,
     GcPlan,
     GcPolicy,

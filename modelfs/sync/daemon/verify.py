@@ -33,13 +33,9 @@ from pathlib import Path
 
 import trio
 
-from modelfs.store.digest import Digest, is_blob_name
-from modelfs.store.gc import GcPolicy
-from modelfs.store.layout import Layout
-from modelfs.store.reach import reachable
-from modelfs.store.scan import scan_store
-from modelfs.store.sizes import human_bytes
-from modelfs.store.verify import (
+from modelfs.store.collect.gc import GcPolicy
+from modelfs.store.collect.reach import reachable
+from modelfs.store.collect.verify import (
     BlobCheck,
     CacheEntry,
     Interrupted,
@@ -49,7 +45,11 @@ from modelfs.store.verify import (
     quarantine_blob,
     quarantined,
 )
-from modelfs.store.verify_report import Corrupt, Owner, Repair, Report, gc_keeps, survey
+from modelfs.store.collect.verify_report import Corrupt, Owner, Repair, Report, gc_keeps, survey
+from modelfs.store.digest import Digest, is_blob_name
+from modelfs.store.layout import Layout
+from modelfs.store.scan import scan_store
+from modelfs.store.sizes import human_bytes
 from modelfs.sync.client.credentials import Credentials
 from modelfs.sync.client.threads import in_thread, run_unwrapped
 from modelfs.sync.errors import SyncError

@@ -60,8 +60,8 @@ from modelfs.runtime.keyedlocks import KeyedLocks
 from modelfs.runtime.leasing import LiveLease, leased
 from modelfs.store.blobs import BlobStore
 from modelfs.store.digest import Digest
+from modelfs.store.disk.fileio import read_file
 from modelfs.store.errors import MissingBlobError, ModelNotFoundError, StoreError
-from modelfs.store.fileio import read_file
 from modelfs.store.layout import Layout
 from modelfs.store.leases import LeaseKeeper
 from modelfs.store.manifest import (

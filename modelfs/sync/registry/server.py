@@ -71,6 +71,7 @@ import trio
 import zstandard
 
 from modelfs.store.digest import Digest
+from modelfs.store.disk.fileio import open_fd
 from modelfs.store.errors import (
     BlobError,
     CorruptBlobError,
@@ -81,7 +82,6 @@ from modelfs.store.errors import (
     ModelNotFoundError,
     StoreError,
 )
-from modelfs.store.fileio import open_fd
 from modelfs.store.layout import Layout
 from modelfs.store.manifest import (
     LAYER_PREFIX,

@@ -55,7 +55,7 @@ from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import load_ssh_public_key
 
-from modelfs.store.fileio import read_file
+from modelfs.store.disk.fileio import read_file
 from modelfs.sync.errors import SyncError
 from modelfs.sync.wire.realm import Realm
 

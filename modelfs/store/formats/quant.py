@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from modelfs.store.errors import StoreError
-from modelfs.store.gguf import GGUFHeader, read_gguf_header_path
+from modelfs.store.formats.gguf import GGUFHeader, read_gguf_header_path
+from modelfs.store.formats.safetensors import SafetensorsHeader, read_safetensors_header_path
 from modelfs.store.manifest import Layer, Manifest
-from modelfs.store.safetensors import SafetensorsHeader, read_safetensors_header_path
 
 if TYPE_CHECKING:
     from modelfs.store.scan import StoreIndex

@@ -26,11 +26,11 @@ from dataclasses import dataclass
 
 from modelfs.store.digest import Digest
 from modelfs.store.errors import StoreError
-from modelfs.store.files import ModelFile, model_files
+from modelfs.store.formats.safetensors import read_safetensors_header_path
 from modelfs.store.manifest import Manifest
 from modelfs.store.names import DEFAULT_NAMESPACE, DEFAULT_TAG, Name
-from modelfs.store.safetensors import read_safetensors_header_path
 from modelfs.store.scan import DEFAULT_PREFER, StoreIndex
+from modelfs.store.tools.files import ModelFile, model_files
 
 LAYOUTS = ("lmstudio", "hf")
 

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from modelfs.store.errors import SafetensorsError
-from modelfs.store.files import ModelFile
-from modelfs.store.safetensors import MAX_HEADER, METADATA_KEY, SafetensorsHeader
+from modelfs.store.formats.safetensors import MAX_HEADER, METADATA_KEY, SafetensorsHeader
+from modelfs.store.tools.files import ModelFile
 
 MAX_TEXT_LAYER = 1 << 20  # templates, licenses, params: bigger ones are not shown inline
 

@@ -40,14 +40,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from modelfs.store.collect.reach import Reach, reachable
 from modelfs.store.collector import cycles_uncollected
 from modelfs.store.digest import Digest, is_blob_name
+from modelfs.store.disk.owner import make_dirs, write_atomic
 from modelfs.store.durations import format_duration
 from modelfs.store.errors import StoreError
 from modelfs.store.layout import Layout
 from modelfs.store.leases import LeaseSet, read_leases
-from modelfs.store.owner import make_dirs, write_atomic
-from modelfs.store.reach import Reach, reachable
 from modelfs.store.scan import Problem
 
 log = logging.getLogger(__name__)

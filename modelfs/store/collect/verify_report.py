@@ -27,15 +27,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from modelfs.store.collect.gc import history_roots
+from modelfs.store.collect.reach import Reach
 from modelfs.store.digest import Digest
 from modelfs.store.durations import format_duration
 from modelfs.store.errors import InvalidDigestError, StoreError
-from modelfs.store.gc import history_roots
 from modelfs.store.history import TagHistory
 from modelfs.store.layout import Layout
 from modelfs.store.leases import read_leases
 from modelfs.store.names import Name
-from modelfs.store.reach import Reach
 from modelfs.store.scan import STRAY_KINDS, StoreIndex
 
 # -- what manifests say ------------------------------------------------------------------------

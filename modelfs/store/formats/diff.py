@@ -47,9 +47,16 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 from modelfs.store.digest import Digest
+from modelfs.store.disk.fileio import open_binary
 from modelfs.store.errors import InvalidDigestError, ModelNotFoundError, StoreError
-from modelfs.store.fileio import open_binary
-from modelfs.store.gguf import GGUFHeader
+from modelfs.store.formats.gguf import GGUFHeader
+from modelfs.store.formats.quant import (
+    QuantRow,
+    quantization_breakdown_gguf,
+    quantization_breakdown_safetensors,
+    weight_header,
+)
+from modelfs.store.formats.safetensors import SafetensorsHeader
 from modelfs.store.history import TagHistory
 from modelfs.store.manifest import (
     Layer,
@@ -60,13 +67,6 @@ from modelfs.store.manifest import (
     parse_manifest,
 )
 from modelfs.store.names import Name
-from modelfs.store.quant import (
-    QuantRow,
-    quantization_breakdown_gguf,
-    quantization_breakdown_safetensors,
-    weight_header,
-)
-from modelfs.store.safetensors import SafetensorsHeader
 from modelfs.store.scan import DEFAULT_PREFER, StoreIndex, Variant, child_variant, choose_variant
 
 log = logging.getLogger(__name__)

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
+from modelfs.store.disk.fileio import read_file
 from modelfs.store.errors import StoreError
-from modelfs.store.fileio import read_file
-from modelfs.store.toolviews import ToolFile
+from modelfs.store.tools.toolviews import ToolFile
 
 RECORD = ".modelfs-link.json"
 _MAX_RECORD = 64 << 20

@@ -32,9 +32,9 @@ from pathlib import Path
 import xxhash
 
 from modelfs.store.digest import is_blob_name
-from modelfs.store.fileio import open_stat
+from modelfs.store.disk.fileio import open_stat
+from modelfs.store.disk.owner import make_dirs, write_atomic
 from modelfs.store.layout import Layout
-from modelfs.store.owner import make_dirs, write_atomic
 
 log = logging.getLogger(__name__)
 

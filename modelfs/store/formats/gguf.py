@@ -13,8 +13,8 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
+from modelfs.store.disk.fileio import open_binary
 from modelfs.store.errors import GGUFError
-from modelfs.store.fileio import open_binary
 
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any, BinaryIO, NamedTuple
 
+from modelfs.store.disk.fileio import open_binary
 from modelfs.store.errors import SafetensorsError
-from modelfs.store.fileio import open_binary
 
 # The reference library's own cap on N (MAX_HEADER_SIZE in tensor.rs).
 MAX_HEADER = 100_000_000
