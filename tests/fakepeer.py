@@ -53,7 +53,7 @@ from modelfs.store.errors import StoreError
 from modelfs.store.layout import Layout
 from modelfs.store.manifest import MEDIA_LIST, MEDIA_MANIFEST, ManifestList, parse_manifest
 from modelfs.store.scan import scan_store
-from modelfs.sync.protocol import name_from_repository, repository_of
+from modelfs.sync.wire.protocol import name_from_repository, repository_of
 
 _RANGE = re.compile(r"bytes=(\d+)-(\d*)")
 _PATH = re.compile(r"/v2/(?P<repo>.+)/(?P<kind>manifests|blobs)/(?P<ref>[^/]+)")

@@ -228,7 +228,9 @@ def _gguf_info(path: Path) -> tuple[list[str], int, int, str] | None:
     """server/model_list_cache.go:503-626 readModelListGGUF, read with the `gguf` package."""
     import gguf
 
-    from modelfs.store.gguf import FILE_TYPES  # fs/ggml/type.go's names, the table a test checks
+    from modelfs.store.formats.gguf import (
+        FILE_TYPES,  # fs/ggml/type.go's names, the table a test checks
+    )
 
     try:
         reader = gguf.GGUFReader(path)

@@ -24,7 +24,7 @@ from typing import Any, BinaryIO
 from modelfs.store.layout import Layout
 from modelfs.store.manifest import Manifest, parse_manifest
 from modelfs.store.names import parse_name
-from modelfs.sync.client import repositories
+from modelfs.sync.client.peer import repositories
 
 
 def lay_out(store: Path, dest: Path, name: str) -> Path:

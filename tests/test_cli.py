@@ -32,7 +32,7 @@ from modelfs.cli.human import human_time, rfc3339_nano
 from modelfs.store.digest import Digest
 from modelfs.store.layout import SYSTEM_STORE
 from modelfs.store.manifest import MEDIA_CONFIG, MEDIA_MANIFEST
-from modelfs.store.sizes import human_bytes
+from modelfs.store.units import human_bytes
 from tests.builders import LAYER, TinyStore, compact, gguf_bytes
 
 REPO = Path(__file__).resolve().parent.parent

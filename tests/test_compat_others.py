@@ -16,7 +16,7 @@ import pytest
 gguf = pytest.importorskip("gguf")
 
 from modelfs.store.compat import CompatViews, compat_views  # noqa: E402
-from modelfs.store.gguf import read_array, read_gguf_header_path  # noqa: E402
+from modelfs.store.formats.gguf import read_array, read_gguf_header_path  # noqa: E402
 from tests.compat_gguf import (  # noqa: E402
     HEX,
     KV,

@@ -22,7 +22,7 @@ import pytest
 
 from modelfs.store.digest import Digest
 from modelfs.store.scan import scan_store
-from modelfs.sync.pull import PullOptions
+from modelfs.sync.pull.options import PullOptions
 from tests.builders import TinyStore
 from tests.test_pull_hosts import _env, fakepeer
 from tests.throttle import Throttle

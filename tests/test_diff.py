@@ -19,7 +19,7 @@ import safetensors.numpy
 
 from modelfs.cli.app import run
 from modelfs.store.digest import Digest
-from modelfs.store.gguf import read_gguf_header
+from modelfs.store.formats.gguf import read_gguf_header
 from modelfs.store.history import TagHistory
 from modelfs.store.names import parse_name
 from modelfs.store.scan import scan_store

@@ -26,10 +26,11 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from modelfs.store import fileio, names
+from modelfs.store import names
+from modelfs.store.collect.gc import GcPolicy, plan_gc
 from modelfs.store.digest import Digest, digest_hex, digest_hexes
+from modelfs.store.disk import fileio
 from modelfs.store.errors import InvalidDigestError, InvalidNameError, ManifestError
-from modelfs.store.gc import GcPolicy, plan_gc
 from modelfs.store.manifest import (
     MEDIA_LIST,
     MEDIA_MANIFEST,

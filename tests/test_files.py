@@ -3,8 +3,8 @@ from __future__ import annotations
 import json
 
 from modelfs.store.digest import Digest
-from modelfs.store.files import model_files
 from modelfs.store.manifest import Manifest, parse_manifest
+from modelfs.store.tools.files import model_files
 
 HEX = "ab" * 32
 

@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 import trio
 
+from modelfs.store.collect.gc import GcPolicy, load_first_seen, plan_gc, save_first_seen
 from modelfs.store.digest import Digest
 from modelfs.store.errors import LockBusyError, LockLostError
-from modelfs.store.gc import GcPolicy, load_first_seen, plan_gc, save_first_seen
 from modelfs.store.leases import LeaseKeeper
 from modelfs.store.lockfile import LockFile
-from modelfs.sync import gc as gc_runner
+from modelfs.sync.daemon import gc as gc_runner
 from tests.builders import LAYER, TinyStore, compact
 
 MODELFS = str(Path(sys.executable).with_name("modelfs"))

@@ -34,17 +34,18 @@ import pytest
 
 from modelfs.demo import GEMMA, build_demo_store
 from modelfs.store.blobs import BlobStore
+from modelfs.store.collect.gc import GRACE_FLOOR, FileItem, GcPolicy, move_to_trash, plan_gc
 from modelfs.store.digest import Digest, is_blob_name
 from modelfs.store.errors import StoreError
-from modelfs.store.gc import GRACE_FLOOR, FileItem, GcPolicy, move_to_trash, plan_gc
 from modelfs.store.layout import Layout
 from modelfs.store.leases import LeaseKeeper
 from modelfs.store.manifest import ManifestList, parse_manifest
 from modelfs.store.names import parse_name
-from modelfs.sync import gc as gc_runner
-from modelfs.sync.config import ConfigError, load_config
-from modelfs.sync.progress import NullProgress
-from modelfs.sync.pull import PullOptions, pull
+from modelfs.sync.daemon import gc as gc_runner
+from modelfs.sync.daemon.config import ConfigError, load_config
+from modelfs.sync.pull.options import PullOptions
+from modelfs.sync.pull.progress import NullProgress
+from modelfs.sync.pull.puller import pull
 from tests.builders import LAYER, TinyStore
 from tests.fakepeer import FakePeer
 from tests.mounting import fuse
@@ -539,7 +540,7 @@ def test_a_manifest_removed_between_listing_and_reading_is_a_removed_tag(
 ) -> None:
     """Another host's `ollama rm` lands between GC's listing and its read: the manifest names
     nothing any more, so GC goes on (it used to refuse the whole run)."""
-    from modelfs.store import reach
+    from modelfs.store.collect import reach
 
     store = TinyStore(tmp_path / "s")
     store.gguf_model("kept:1", b"kept")
@@ -562,7 +563,7 @@ def test_a_manifest_removed_between_the_look_and_the_open_names_nothing(
 ) -> None:
     """The same `ollama rm` a moment later, after GC's lstat and before its open (the soak
     over the caching client met it, whose every look is a round trip): GC goes on."""
-    from modelfs.store import reach
+    from modelfs.store.collect import reach
 
     store = TinyStore(tmp_path / "s")
     store.gguf_model("kept:1", b"kept")
@@ -584,7 +585,7 @@ def test_a_blob_gc_may_not_open_is_judged_by_a_plain_look(
 ) -> None:
     """Another user's blob that GC's user cannot read still goes when unchanged: the open
     before the move is for fresh attributes, not a condition of moving."""
-    from modelfs.store import gc as store_gc
+    from modelfs.store.collect import gc as store_gc
 
     store = TinyStore(tmp_path / "s")
     junk = store.blob(b"someone else's, mode 0600")

@@ -18,9 +18,9 @@ from gguf import GGMLQuantizationType as Q
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import modelfs.store.gguf as sg
+import modelfs.store.formats.gguf as sg
 from modelfs.store.errors import GGUFError
-from modelfs.store.gguf import (
+from modelfs.store.formats.gguf import (
     GGML_TYPES,
     KEEP_ARRAY,
     ArraySummary,

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from modelfs.store.collect.gc import GcPolicy, plan_gc
 from modelfs.store.digest import Digest
-from modelfs.store.gc import GcPolicy, plan_gc
 from modelfs.store.history import TagHistory
 from modelfs.store.leases import LeaseKeeper
 from modelfs.store.names import parse_name

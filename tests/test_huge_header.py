@@ -18,7 +18,7 @@ from safetensors import safe_open
 import modelfs.fsd.builder as fsd_builder
 from modelfs.fsd.builder import TreeBuilder
 from modelfs.fsd.nodes import DirNode, InodeTable, MergedNode, Node
-from modelfs.store.safetensors import read_safetensors_header_path
+from modelfs.store.formats.safetensors import read_safetensors_header_path
 from modelfs.store.scan import scan_store
 from tests.builders import TinyStore, many_tensor_safetensors
 from tests.mounting import MODELFS, fuse, mounted
@@ -164,7 +164,7 @@ def test_merged_header_is_what_json_dumps_writes(tmp_path: Path) -> None:
     json.dumps of the whole object would be, odd names included, and a reader takes it."""
     import json
 
-    from modelfs.store.views import merge_safetensors
+    from modelfs.store.tools.views import merge_safetensors
 
     def part(
         name: str, tensors: dict[str, tuple[str, list[int], bytes]], meta: dict[str, str]

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from modelfs.sync.config import load_config
+from modelfs.sync.daemon.config import load_config
 from tests.mounting import fuse
 
 REPO = Path(__file__).resolve().parents[1]
@@ -78,8 +78,9 @@ def test_the_wheel_installs_one_package_named_modelfs(tmp_path: Path) -> None:
     top = {n.split("/", 1)[0] for n in names}
     assert top == {"modelfs", f"modelfs-{version('modelfs')}.dist-info"}, top
     # Every layer and the data files are in it.
-    for member in ("store/scan.py", "store/compat/handlers.py", "fsd/ops.py", "sync/server.py",
-                   "runtime/leasing.py", "cli/app.py", "py.typed"):  # fmt: skip
+    for member in ("store/scan.py", "store/compat/handlers.py", "fsd/ops.py",
+                   "sync/registry/server.py", "runtime/leasing.py", "cli/app.py",
+                   "py.typed"):  # fmt: skip
         assert f"modelfs/{member}" in names, member
 
 
@@ -287,7 +288,7 @@ def test_readme_install_in_a_fresh_root(fresh_root: FreshRoot, tmp_path: Path) -
     assert "gemma4:26b" in ls.stdout, ls
     config = r.run(
         f"{VENV}/bin/python", "-c",
-        "import sys; from modelfs.sync.config import load_config;"
+        "import sys; from modelfs.sync.daemon.config import load_config;"
         " print(load_config(sys.argv[1]).store)",
         "/etc/modelfs/config.toml", user="ollama",
     )  # fmt: skip

@@ -33,7 +33,8 @@ from modelfs.store.digest import Digest
 from modelfs.store.layout import Layout
 from modelfs.store.leases import Lease, LeaseKeeper, read_leases
 from modelfs.sync.errors import LocalWriteError, PeerError
-from modelfs.sync.pull import PullOptions, pull
+from modelfs.sync.pull.options import PullOptions
+from modelfs.sync.pull.puller import pull
 from tests.builders import TinyStore
 from tests.fakepeer import FakePeer
 from tests.mounting import MODELFS, force_unmount, fuse, mounted, wait_for_mount

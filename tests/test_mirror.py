@@ -382,7 +382,7 @@ def test_sync_daemon_mirrors_with_the_docker_config_it_names(
 
 
 def test_mirror_config_keys_are_checked(tmp_path: Path) -> None:
-    from modelfs.sync.config import ConfigError, load_config
+    from modelfs.sync.daemon.config import ConfigError, load_config
     from tests.test_daemon import write_config
 
     good = load_config(
@@ -424,8 +424,8 @@ def test_a_blob_renamed_into_the_store_before_its_fetch_is_marked_landed_is_serv
     """The window between the rename of a finished fetch into blobs/ and `BlobFetch.land`:
     the temp file is gone and the fetch does not say landed yet. A request that opens the blob
     then gets the stored blob (it was answered 404 there, which failed a pull under load)."""
-    from modelfs.sync.mirror import BlobFetch
-    from modelfs.sync.server import MissingBlobError, OpenBlob, _open_growing
+    from modelfs.sync.mirror.mirror import BlobFetch
+    from modelfs.sync.registry.server import MissingBlobError, OpenBlob, _open_growing
 
     data = b"weights"
     digest = Digest.parse("sha256:" + hashlib.sha256(data).hexdigest())

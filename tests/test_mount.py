@@ -24,9 +24,9 @@ from modelfs.demo import build_demo_store
 from modelfs.fsd.builder import short_path
 from modelfs.fsd.mount import mount_points
 from modelfs.store.digest import Digest
-from modelfs.store.files import model_files
 from modelfs.store.names import parse_name
 from modelfs.store.scan import scan_store
+from modelfs.store.tools.files import model_files
 from tests.builders import TinyStore
 from tests.mounting import MODELFS, force_unmount, fuse, mounted, wait_for_mount
 

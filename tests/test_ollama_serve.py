@@ -27,8 +27,8 @@ import pytest
 from modelfs.demo import GEMMA, LLAMA, QWEN, SMOL, TINY, DemoStore, build_demo_store
 from modelfs.store.digest import Digest
 from modelfs.store.layout import Layout
-from modelfs.sync.realm import service_of
-from modelfs.sync.server import RegistryApp
+from modelfs.sync.registry.server import RegistryApp
+from modelfs.sync.wire.realm import service_of
 from tests.builders import TinyStore
 from tests.ollama import EMPTY_BODY, MIN_PART, USER_AGENT, OllamaClient, OllamaError
 from tests.test_cli import modelfs
@@ -280,7 +280,7 @@ async def test_expired_signed_url_and_token(demo: DemoStore) -> None:
             f"/v2/library/llama3.2/blobs/{layer.digest}", headers={"Authorization": "Bearer t0ken"}
         )
         assert r.status_code == 200
-        with_logs = _capture("modelfs.sync.server")
+        with_logs = _capture("modelfs.sync.registry.server")
         r = await c.get(r.headers["location"], headers={"Range": "bytes=0-9"})
         assert r.status_code == 401
         assert [m for m in with_logs.messages if "refused: it expired" in m]
@@ -434,7 +434,7 @@ def last_error(err: str, *needles: str) -> None:
 
 
 def test_sync_config_takes_authorized_keys(tmp_path: Path) -> None:
-    from modelfs.sync.config import load_config
+    from modelfs.sync.daemon.config import load_config
 
     config = tmp_path / "sync.toml"
     config.write_text('authorized_keys = "~/keys"\n')

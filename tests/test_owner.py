@@ -64,7 +64,7 @@ def test_what_root_creates_in_a_users_store_is_that_users(tmp_path: Path) -> Non
 
 
 def test_write_atomic_keeps_the_old_bytes_and_no_temp_on_a_full_disk(tiny_fs: Path) -> None:
-    from modelfs.store.owner import write_atomic
+    from modelfs.store.disk.owner import write_atomic
 
     target = tiny_fs / "state" / "state.json"
     write_atomic(target, b"old", tiny_fs)

@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from modelfs.sync import signin
-from modelfs.sync.server import RegistryApp
-from modelfs.sync.signin import (
+from modelfs.sync.registry.server import RegistryApp
+from modelfs.sync.wire import signin
+from modelfs.sync.wire.signin import (
     PEER_SCHEME,
     TS_WINDOW,
     Access,

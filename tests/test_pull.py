@@ -34,7 +34,8 @@ from modelfs.store.listtag import anchor_bytes
 from modelfs.store.manifest import MEDIA_LIST, MEDIA_MANIFEST, ManifestList, parse_manifest
 from modelfs.store.names import parse_name
 from modelfs.store.scan import rank_children, scan_store
-from modelfs.sync.credentials import Credentials, CredentialsError, read_credentials
+from modelfs.sync.client.credentials import Credentials, CredentialsError, read_credentials
+from modelfs.sync.client.partial import PartialBlob, RangeSet, split
 from modelfs.sync.errors import (
     LocalWriteError,
     PeerAuthError,
@@ -43,8 +44,8 @@ from modelfs.sync.errors import (
     PeerNotFoundError,
     PeerUnreachableError,
 )
-from modelfs.sync.partial import PartialBlob, RangeSet, split
-from modelfs.sync.pull import PullOptions, pull
+from modelfs.sync.pull.options import PullOptions
+from modelfs.sync.pull.puller import pull
 from tests.builders import TinyStore
 from tests.fakepeer import FakePeer, Fault
 

@@ -392,7 +392,7 @@ def test_a_pull_cut_short_by_a_dead_peer_leaves_no_broken_model(tmp_path: Path) 
     `modelfs serve` killed (-9) mid-transfer: `verify` and `ls` then find nothing wrong (no
     child manifest without its blobs), and the child this host does not want (mlx, by the
     default prefer) is never written, neither then nor once the pull completes."""
-    from modelfs.sync.pull import PullOptions
+    from modelfs.sync.pull.options import PullOptions
     from tests.test_daemon import free_port, wait_until
     from tests.throttle import Throttle
 

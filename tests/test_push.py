@@ -25,11 +25,11 @@ from modelfs.store.errors import CorruptBlobError
 from modelfs.store.manifest import MEDIA_LIST, MEDIA_MANIFEST, MEDIA_OCI_MANIFEST, ManifestList
 from modelfs.store.names import parse_name
 from modelfs.store.scan import scan_store
+from modelfs.sync.client.http import make_client
+from modelfs.sync.client.push import PushResult, plan_model, push_all
 from modelfs.sync.errors import PeerLiedError
-from modelfs.sync.http import make_client
-from modelfs.sync.ocirepr import decode_list, parse_carrier
-from modelfs.sync.push import PushResult, plan_model, push_all
-from modelfs.sync.registry_names import reference_for
+from modelfs.sync.wire.ocirepr import decode_list, parse_carrier
+from modelfs.sync.wire.registry_names import reference_for
 from tests.builders import TinyStore
 from tests.registry import (
     DOCKER_REGISTRY,

@@ -1,5 +1,5 @@
-"""Ollama names <-> OCI repositories (modelfs/sync/registry_names.py) and the manifest-list carrier
-(modelfs/sync/ocirepr.py), without a network."""
+"""Ollama names <-> OCI repositories (sync/wire/registry_names.py) and the manifest-list carrier
+(modelfs/sync/wire/ocirepr.py), without a network."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from modelfs.store.manifest import (
     parse_manifest,
 )
 from modelfs.store.names import DEFAULT_HOST, Name, parse_name
-from modelfs.sync.ocirepr import (
+from modelfs.sync.wire.ocirepr import (
     MEDIA_CARRIER,
     child_manifests,
     decode_carrier,
@@ -31,7 +31,7 @@ from modelfs.sync.ocirepr import (
     encode_list,
     parse_carrier,
 )
-from modelfs.sync.registry_names import (
+from modelfs.sync.wire.registry_names import (
     COMPONENT,
     MAX_REPOSITORY,
     RegistryNameError,

@@ -16,13 +16,13 @@ from gguf import GGML_QUANT_SIZES, GGUFWriter
 from gguf import GGMLQuantizationType as Q
 from safetensors.numpy import save_file
 
-from modelfs.store.gguf import GGUFHeader, GGUFTensor, read_gguf_header_path
-from modelfs.store.quant import (
+from modelfs.store.formats.gguf import GGUFHeader, GGUFTensor, read_gguf_header_path
+from modelfs.store.formats.quant import (
     QuantRow,
     quantization_breakdown_gguf,
     quantization_breakdown_safetensors,
 )
-from modelfs.store.safetensors import (
+from modelfs.store.formats.safetensors import (
     DTYPE_BITS,
     SafetensorsHeader,
     read_safetensors_header,

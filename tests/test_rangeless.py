@@ -19,8 +19,9 @@ import pytest
 
 from modelfs.store.digest import Digest
 from modelfs.store.layout import Layout
-from modelfs.sync.partial import PartialBlob, RangeSet
-from modelfs.sync.pull import PullOptions, pull
+from modelfs.sync.client.partial import PartialBlob, RangeSet
+from modelfs.sync.pull.options import PullOptions
+from modelfs.sync.pull.puller import pull
 from tests.builders import TinyStore
 from tests.rangeless_peer import lay_out
 from tests.test_pull import assert_no_manifest, assert_store_sound, tree, weights

@@ -28,10 +28,10 @@ import trio
 
 from modelfs.store.layout import Layout
 from modelfs.store.names import parse_name
-from modelfs.sync.credentials import Logins
-from modelfs.sync.http import make_client, registry_auth
-from modelfs.sync.proxies import ProxyRules
-from modelfs.sync.tokenauth import MAX_EXPIRY
+from modelfs.sync.client.credentials import Logins
+from modelfs.sync.client.http import make_client, registry_auth
+from modelfs.sync.client.proxies import ProxyRules
+from modelfs.sync.client.tokenauth import MAX_EXPIRY
 from tests.builders import TinyStore
 from tests.test_serve_process import MODELFS, OPENSSL, SKOPEO, read_line, self_signed, served
 
@@ -353,7 +353,7 @@ def test_a_retry_after_beyond_the_bound_is_not_waited_for(tmp_path: Path) -> Non
 
 
 def test_logins_read_docker_config_as_docker_does(tmp_path: Path) -> None:
-    from modelfs.sync.credentials import Logins
+    from modelfs.sync.client.credentials import Logins
 
     config = tmp_path / "config.json"
     basic = base64.b64encode(b"hubuser:hubpass").decode()
@@ -377,7 +377,7 @@ def test_logins_read_docker_config_as_docker_does(tmp_path: Path) -> None:
     acr = logins.for_registry("acr.example:5000")
     assert acr is not None and acr.identity_token and "refresh-me" not in acr.who
     assert logins.for_registry("quay.io") is None
-    from modelfs.sync.credentials import CredentialsError
+    from modelfs.sync.client.credentials import CredentialsError
 
     with pytest.raises(CredentialsError, match="not base64"):
         logins.for_registry("broken.example")
@@ -385,7 +385,7 @@ def test_logins_read_docker_config_as_docker_does(tmp_path: Path) -> None:
 
 
 def test_challenges_and_scopes() -> None:
-    from modelfs.sync.tokenauth import parse_challenges, scope_for
+    from modelfs.sync.client.tokenauth import parse_challenges, scope_for
 
     [c] = parse_challenges(
         [
@@ -500,7 +500,7 @@ def test_https_proxy_connect_carries_the_large_blob(source: TinyStore, tmp_path:
 
 
 def test_proxy_rules() -> None:
-    from modelfs.sync.proxies import ProxyRules
+    from modelfs.sync.client.proxies import ProxyRules
 
     rules = ProxyRules.from_environment(
         {

@@ -19,8 +19,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from modelfs.store.errors import GGUFError, SafetensorsError
-from modelfs.store.gguf import read_gguf_header
-from modelfs.store.safetensors import (
+from modelfs.store.formats.gguf import read_gguf_header
+from modelfs.store.formats.safetensors import (
     DTYPE_BITS,
     MAX_HEADER,
     SafeTensor,

@@ -11,10 +11,10 @@ import pytest
 
 from modelfs.store.digest import Digest
 from modelfs.store.errors import ModelNotFoundError
-from modelfs.store.files import model_files
 from modelfs.store.manifest import MEDIA_LIST, ManifestList
 from modelfs.store.names import parse_name
 from modelfs.store.scan import scan_store
+from modelfs.store.tools.files import model_files
 from tests.builders import TinyStore, compact
 
 
@@ -304,7 +304,7 @@ def test_prefetch_asks_for_regular_files_only_and_reads_ahead(tmp_path: Path) ->
     import shutil
     import subprocess
 
-    from modelfs.store.prefetch import prefetch
+    from modelfs.store.disk.prefetch import prefetch
 
     data = tmp_path / "blob"
     data.write_bytes(os.urandom(1 << 20))

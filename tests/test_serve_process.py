@@ -24,7 +24,7 @@ import pytest
 
 from modelfs.demo import GEMMA, DemoStore, build_demo_store
 from modelfs.store.layout import Layout
-from modelfs.sync.realm import service_of
+from modelfs.sync.wire.realm import service_of
 
 MODELFS = str(Path(sys.executable).with_name("modelfs"))
 CURL = shutil.which("curl")
@@ -391,7 +391,7 @@ def test_sigterm_with_a_client_that_stopped_reading(demo: DemoStore, tmp_path: P
 def test_listener_drops_stalled_clients() -> None:
     import socket
 
-    from modelfs.sync.serve import STALL_TIMEOUT_MS, bind
+    from modelfs.sync.registry.serve import STALL_TIMEOUT_MS, bind
 
     sock = bind("127.0.0.1:0")
     try:

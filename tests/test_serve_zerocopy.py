@@ -1,4 +1,4 @@
-"""Blob bodies sent with sendfile(2) (sync/zerocopy.py), over a real socket.
+"""Blob bodies sent with sendfile(2) (sync/registry/zerocopy.py), over a real socket.
 
 The server runs in process (`sync.serve.serve` on 127.0.0.1:0, hypercorn underneath); the
 client is h11 on a trio socket, so framing is checked to the byte and several requests can
@@ -17,11 +17,11 @@ import h11
 import pytest
 import trio
 
-import modelfs.sync.zerocopy as zerocopy
+import modelfs.sync.registry.zerocopy as zerocopy
 from modelfs.store.digest import Digest
 from modelfs.store.layout import Layout
-from modelfs.sync.serve import serve
-from modelfs.sync.server import RegistryApp
+from modelfs.sync.registry.serve import serve
+from modelfs.sync.registry.server import RegistryApp
 from tests.builders import TinyStore
 
 SIZE = (24 << 20) + 13  # past SMALL_BLOB, and more than a loopback socket buffer takes at once

@@ -24,7 +24,7 @@ import trio
 import trio.lowlevel
 import zstandard
 
-import modelfs.sync.server as server
+import modelfs.sync.registry.server as server
 from modelfs.demo import GEMMA, DemoStore, build_demo_store
 from modelfs.store.digest import Digest
 from modelfs.store.errors import (
@@ -38,8 +38,14 @@ from modelfs.store.errors import (
 )
 from modelfs.store.layout import Layout
 from modelfs.store.manifest import MEDIA_LIST, MEDIA_MANIFEST
-from modelfs.sync.realm import service_of
-from modelfs.sync.server import HTTPError, RegistryApp, error_status, parse_range, split_path
+from modelfs.sync.registry.server import (
+    HTTPError,
+    RegistryApp,
+    error_status,
+    parse_range,
+    split_path,
+)
+from modelfs.sync.wire.realm import service_of
 from tests.builders import TinyStore
 
 LIST_ACCEPT = {"Accept": f"{MEDIA_LIST}, {MEDIA_MANIFEST}"}
@@ -753,7 +759,7 @@ async def test_catalog_names_are_oci_names_tags_list_agrees(demo: DemoStore) -> 
     """Every repository `_catalog` lists is a valid OCI name (lowercase; skopeo and docker
     refuse others), `tags/list` of it answers with that same name, and a manifest is found by
     the lowercase name and by the store's spelling."""
-    from modelfs.sync.registry_names import COMPONENT
+    from modelfs.sync.wire.registry_names import COMPONENT
 
     async with client_for(app_for(demo.root)) as c:
         repos = (await c.get("/v2/_catalog")).json()["repositories"]
@@ -1057,8 +1063,8 @@ async def test_status_and_metrics(demo: DemoStore) -> None:
 
 def test_repository_names_as_push_writes_them() -> None:
     from modelfs.store.names import parse_name
-    from modelfs.sync.protocol import name_from_repository
-    from modelfs.sync.registry_names import repository_for
+    from modelfs.sync.wire.protocol import name_from_repository
+    from modelfs.sync.wire.registry_names import repository_for
 
     name = parse_name("localhost:5000/me/m:1")
     assert name_from_repository(repository_for(name), "1").key == name.key

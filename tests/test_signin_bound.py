@@ -20,8 +20,8 @@ import httpx
 import pytest
 
 from modelfs.demo import LLAMA, QWEN, DemoStore
-from modelfs.sync.realm import Realm, service_of, split_host
-from modelfs.sync.signin import EMPTY_BODY, Access, Refused, SignInRequest
+from modelfs.sync.wire.realm import Realm, service_of, split_host
+from modelfs.sync.wire.signin import EMPTY_BODY, Access, Refused, SignInRequest
 from tests.ollama import OllamaClient
 from tests.test_ollama_serve import SERVICE, Server, demo, http, keys_file, ollama, serving
 
@@ -253,7 +253,7 @@ def test_access_refuses_before_the_nonce_is_spent(tmp_path: Path) -> None:
 
 
 def test_the_daemon_config_takes_public_urls(tmp_path: Path) -> None:
-    from modelfs.sync.config import ConfigError, load_config
+    from modelfs.sync.daemon.config import ConfigError, load_config
 
     path = tmp_path / "config.toml"
     path.write_text('public_urls = ["https://models.example:8443"]\n')
@@ -272,7 +272,7 @@ def test_a_certificates_names_are_names_of_this_server(tmp_path: Path) -> None:
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
-    from modelfs.sync.serve import server_names
+    from modelfs.sync.registry.serve import server_names
 
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ignored-when-san")])

@@ -14,9 +14,9 @@ import trio
 from modelfs.store.digest import Digest
 from modelfs.store.names import parse_name
 from modelfs.store.scan import scan_store
-from modelfs.sync.client import peer_session
+from modelfs.sync.client.peer import peer_session
 from modelfs.sync.errors import PeerCertificateError
-from modelfs.sync.pins import UNPINNED, pin_of_cert_file
+from modelfs.sync.wire.pins import UNPINNED, pin_of_cert_file
 from tests.builders import TinyStore
 from tests.test_daemon import (
     MODELFS,

@@ -15,7 +15,7 @@ from safetensors.numpy import save
 from modelfs.store.digest import Digest
 from modelfs.store.names import parse_name
 from modelfs.store.scan import scan_store
-from modelfs.store.toolviews import (
+from modelfs.store.tools.toolviews import (
     blob_tensor_names,
     hf_revision,
     layout_files,

@@ -12,9 +12,10 @@ from modelfs.store.digest import Digest
 from modelfs.store.layout import Layout
 from modelfs.store.manifest import MEDIA_LIST, MEDIA_MANIFEST, Manifest, parse_manifest
 from modelfs.store.scan import rank_children, scan_store
-from modelfs.sync.config import ConfigError, load_config
+from modelfs.sync.daemon.config import ConfigError, load_config
 from modelfs.sync.errors import PeerNotFoundError
-from modelfs.sync.pull import PullOptions, pull
+from modelfs.sync.pull.options import PullOptions
+from modelfs.sync.pull.puller import pull
 from tests.builders import TinyStore, compact
 from tests.fakepeer import FakePeer
 from tests.test_pull import tree

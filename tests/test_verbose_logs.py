@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 
 from modelfs.demo import LLAMA, DemoStore
-from modelfs.sync.signin import peer_authorization
+from modelfs.sync.wire.signin import peer_authorization
 from tests.ollama import OllamaClient
 from tests.test_daemon import complete, daemon, wait_until
 from tests.test_ollama_serve import demo, keys_file, ollama, serving

@@ -21,15 +21,15 @@ from typing import Any
 import httpx
 import pytest
 
+from modelfs.store.collect.verify import FileKey, VerifyCache, check_blob, quarantine_blob
 from modelfs.store.digest import Digest
 from modelfs.store.history import TagHistory
 from modelfs.store.layout import Layout
 from modelfs.store.leases import LeaseKeeper
 from modelfs.store.names import parse_name
 from modelfs.store.scan import scan_store
-from modelfs.store.sizes import human_bytes
-from modelfs.store.verify import FileKey, VerifyCache, check_blob, quarantine_blob
-from modelfs.sync.verify import VerifyOptions, run_verify
+from modelfs.store.units import human_bytes
+from modelfs.sync.daemon.verify import VerifyOptions, run_verify
 from tests.builders import TinyStore
 from tests.mounting import fuse, mounted
 from tests.test_mount import wait_until
@@ -118,7 +118,7 @@ def test_clean_store_passes(tmp_path: Path) -> None:
     rc, report, err = verify(m.root)
     assert rc == 0
     assert report["ok"] is True and report["problems"] == []
-    # Sizes as everywhere else (store.sizes), not "0.0 GB" for a small store.
+    # Sizes as everywhere else (store.units), not "0.0 GB" for a small store.
     total = sum(p.stat().st_size for p in m.layout.blobs.iterdir())
     assert f"verifying 4 blobs ({human_bytes(total)})," in err, err
     assert report["mode"] == "full"
@@ -452,7 +452,7 @@ def test_repair_in_the_same_run_as_the_corruption_is_found(tmp_path: Path) -> No
 def test_unreadable_blob_is_reported_not_a_crash(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import modelfs.store.verify as sv
+    import modelfs.store.collect.verify as sv
 
     m = Model(tmp_path / "models")
     real = os.preadv

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from modelfs.store.layout import SYSTEM_STORE
-from modelfs.store.sizes import human_bytes
+from modelfs.store.units import human_bytes
 from tests.builders import TinyStore
 from tests.mounting import MODELFS, force_unmount, fuse, mounted, wait_for_mount
 from tests.test_cli import modelfs

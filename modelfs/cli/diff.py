@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from modelfs.cli.human import table
-from modelfs.store.sizes import human_bytes
 from modelfs.store.tagid import tag_ids
+from modelfs.store.units import human_bytes
 
 
 def _side_line(label: str, side: dict[str, Any]) -> str:

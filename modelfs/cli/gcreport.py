@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from modelfs.store.durations import format_duration
-from modelfs.store.gc import FileItem, GcPlan
-from modelfs.store.sizes import human_bytes
-from modelfs.sync.gc import GcReport
+from modelfs.store.collect.gc import FileItem, GcPlan
+from modelfs.store.units import format_duration, human_bytes
+from modelfs.sync.daemon.gc import GcReport
 
 
 def _total(items: Sequence[FileItem]) -> str:

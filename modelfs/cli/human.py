@@ -1,5 +1,5 @@
 """Sizes and times as `ollama list` prints them (format/bytes.go, format/time.go); sizes are
-store.sizes', shared with the layers below."""
+store.units', shared with the layers below."""
 
 from __future__ import annotations
 

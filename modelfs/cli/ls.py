@@ -8,10 +8,10 @@ from typing import Any
 
 from modelfs.cli.human import go_strings, human_time, rfc3339_nano, table
 from modelfs.store.errors import StoreError
-from modelfs.store.gguf import FILE_TYPES, read_gguf_header_path
+from modelfs.store.formats.gguf import FILE_TYPES, read_gguf_header_path
 from modelfs.store.manifest import go_marshal
 from modelfs.store.scan import DEFAULT_PREFER, Entry, StoreIndex, listed_tag, ollama_entries
-from modelfs.store.sizes import human_bytes
+from modelfs.store.units import human_bytes
 
 # Template actions, for the variables Ollama's template.Vars finds in them
 # (ollama/ollama fb30760 template/template.go:171-189): `.Tools`, `$.Suffix`, …

@@ -1,4 +1,4 @@
-"""How `modelfs pull` shows a pull's progress (modelfs/sync/progress.py has the events):
+"""How `modelfs pull` shows a pull's progress (modelfs/sync/pull/progress.py has the events):
 
 JsonProgress(stream)      one JSON object per line, the shape of Ollama's /api/pull
                           stream: {"status"[, "digest", "total", "completed"]}
@@ -14,8 +14,8 @@ import time
 from typing import TextIO
 
 from modelfs.store.digest import Digest
-from modelfs.store.sizes import human_bytes
-from modelfs.sync.progress import PULLING_MANIFEST, SUCCESS, Totals, pulling
+from modelfs.store.units import human_bytes
+from modelfs.sync.pull.progress import PULLING_MANIFEST, SUCCESS, Totals, pulling
 
 
 class JsonProgress:

@@ -1,6 +1,6 @@
 """`modelfs push` on a terminal: the progress line, the summary per model, JSON lines.
 
-The pushing itself is modelfs/sync/push.py; this module only says what it did.
+The pushing itself is modelfs/sync/client/push.py; this module only says what it did.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import TextIO
 import trio
 
 from modelfs.store.scan import StoreIndex
-from modelfs.sync.client import peer_session
-from modelfs.sync.credentials import Credentials
-from modelfs.sync.push import Progress, PushResult, check_url, plan_model, push_all
+from modelfs.sync.client.credentials import Credentials
+from modelfs.sync.client.peer import peer_session
+from modelfs.sync.client.push import Progress, PushResult, check_url, plan_model, push_all
 
 log = logging.getLogger(__name__)
 

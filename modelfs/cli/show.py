@@ -15,12 +15,12 @@ from modelfs.store.compat import (
     mmproj_view,
 )
 from modelfs.store.errors import StoreError
-from modelfs.store.files import ModelFile, model_files
+from modelfs.store.formats.quant import manifest_quantization
 from modelfs.store.manifest import ManifestList
-from modelfs.store.quant import manifest_quantization
 from modelfs.store.scan import DEFAULT_PREFER, Entry, StoreIndex, Variant
-from modelfs.store.sizes import human_bytes
 from modelfs.store.tagid import TagId
+from modelfs.store.tools.files import ModelFile, model_files
+from modelfs.store.units import human_bytes
 
 
 def _variant_record(

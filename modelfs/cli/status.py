@@ -10,9 +10,9 @@ from typing import Any
 import httpx
 
 from modelfs.cli.human import table
-from modelfs.store.sizes import counted, human_bytes
 from modelfs.store.tagid import TagId, tag_ids
-from modelfs.sync.credentials import CredentialsError, read_credentials
+from modelfs.store.units import counted, human_bytes
+from modelfs.sync.client.credentials import CredentialsError, read_credentials
 
 
 def fetch_status(

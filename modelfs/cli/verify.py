@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from modelfs.store.sizes import human_bytes
-from modelfs.store.verify_report import Owner, Report
+from modelfs.store.collect.verify_report import Owner, Report
+from modelfs.store.units import human_bytes
 
 LIST_AT_MOST = 20  # orphans and strays beyond this are summed, not listed
 

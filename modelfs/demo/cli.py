@@ -12,7 +12,7 @@ from typing import Any
 from modelfs.demo.build import build_demo_store
 from modelfs.demo.records import DemoStore
 from modelfs.store.scan import listed_tag, ollama_entries, scan_store
-from modelfs.store.sizes import human_bytes
+from modelfs.store.units import human_bytes
 
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}

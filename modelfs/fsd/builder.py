@@ -34,18 +34,19 @@ from modelfs.fsd.nodes import (
     NodeSink,
     SymlinkNode,
 )
+from modelfs.fsd.plan import ModelPlan
 from modelfs.store.compat import CompatViews, ComputeCache, GGUFView
 from modelfs.store.compat.decisions import Decisions
 from modelfs.store.digest import Digest
+from modelfs.store.disk.fileio import open_binary
 from modelfs.store.errors import StoreError
-from modelfs.store.fileio import open_binary
-from modelfs.store.files import ModelFile, model_files
+from modelfs.store.formats.safetensors import read_header_length, read_safetensors_header_path
 from modelfs.store.manifest import Manifest, clean_text
 from modelfs.store.names import Name
-from modelfs.store.safetensors import read_header_length, read_safetensors_header_path
 from modelfs.store.scan import DEFAULT_PREFER, Entry, StoreIndex, Variant
-from modelfs.store.toolviews import ToolModel, blob_tensor_names, layout_files, tool_models
-from modelfs.store.views import MergedSafetensors, merge_safetensors, render_modelfile
+from modelfs.store.tools.files import ModelFile, model_files
+from modelfs.store.tools.toolviews import ToolModel, blob_tensor_names, layout_files, tool_models
+from modelfs.store.tools.views import MergedSafetensors, merge_safetensors, render_modelfile
 
 log = logging.getLogger(__name__)
 
@@ -95,17 +96,6 @@ class NameTree:
         only keeps the newest directory listing and link count)."""
         if self._build is not None:
             self._build.current = False
-
-
-@dataclass
-class _Plan:
-    """What a model directory of one manifest holds, worked out once per build."""
-
-    files: list[ModelFile]
-    shown: list[tuple[ModelFile, BlobNode]]  # the blob-backed files, blob present, right size
-    missing: list[str]  # status lines
-    config: BlobNode | None
-    subdirs: int
 
 
 class TreeBuilder:
@@ -165,6 +155,8 @@ class _Build(CompatDirs):
     of its tree may still be filled. Nothing here refers back to the tree's nodes (the mount
     is held weakly), so a tree that is no longer served is freed by reference counting."""
 
+    builder: TreeBuilder  # more than the BuilderState the compat part reads
+
     def __init__(self, builder: TreeBuilder, index: StoreIndex) -> None:
         self.inodes = builder.inodes
         self.prefer = builder.prefer
@@ -176,7 +168,7 @@ class _Build(CompatDirs):
         self.index = index
         # Every model is placed up to three times (short name, .by-name, .by-digest); what
         # depends only on a manifest or a blob is computed once per build.
-        self.plans: dict[Digest, _Plan] = {}
+        self.plans: dict[Digest, ModelPlan] = {}
         self.texts: dict[Digest, str | None] = {}
         self.modelfiles: dict[tuple[Digest, str], bytes] = {}
         self.blob_nodes: dict[Digest, BlobNode] = {}
@@ -308,7 +300,7 @@ class _Build(CompatDirs):
             blob.gguf = True  # its header-derived xattrs are read on first getxattr
         return blob
 
-    def _plan(self, manifest: Manifest) -> _Plan:
+    def _plan(self, manifest: Manifest) -> ModelPlan:
         plan = self.plans.get(manifest.digest)
         if plan is not None:
             return plan
@@ -331,7 +323,7 @@ class _Build(CompatDirs):
                 missing.append(f"missing blob {manifest.config.digest} (.ollama/config.json)")
             else:
                 config = self._blob(manifest.config.digest, manifest.config.media_type)
-        plan = _Plan(files, shown, missing, config, len(subdirs))
+        plan = ModelPlan(files, shown, missing, config, len(subdirs))
         self.plans[manifest.digest] = plan
         return plan
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from modelfs.fsd.nodes import CompatNode, DirNode, InodeTable, Node
+from modelfs.fsd.plan import BuilderState, ModelPlan
 from modelfs.store.compat import (
     COMPATIBLE_RUNNERS,
     CompatViews,
@@ -26,9 +27,6 @@ from modelfs.store.digest import Digest
 from modelfs.store.errors import StoreError
 from modelfs.store.scan import StoreIndex, Variant
 
-if TYPE_CHECKING:
-    from modelfs.fsd.builder import TreeBuilder, _Plan
-
 log = logging.getLogger(__name__)
 
 _V = TypeVar("_V")
@@ -37,7 +35,7 @@ _V = TypeVar("_V")
 class CompatDirs:
     """The `llama.cpp/` part of one build (fsd.builder._Build, which holds this state)."""
 
-    builder: TreeBuilder
+    builder: BuilderState
     index: StoreIndex
     inodes: InodeTable
     compat: dict[Digest, CompatViews | str | None]
@@ -81,7 +79,7 @@ class CompatDirs:
         return result
 
     def _compat_files(
-        self, plan: _Plan, v: Variant
+        self, plan: ModelPlan, v: Variant
     ) -> tuple[list[tuple[Digest, GGUFView]], list[str]]:
         """The files of `llama.cpp/` (source blob, view) and why any is not shown: the views of
         model.gguf, and the projector's own view where the model has no clip view of its
@@ -139,7 +137,9 @@ class CompatDirs:
                 made += 1
         return made
 
-    def _compat_shape(self, plan: _Plan, v: Variant) -> tuple[list[tuple[Digest, str]], list[str]]:
+    def _compat_shape(
+        self, plan: ModelPlan, v: Variant
+    ) -> tuple[list[tuple[Digest, str]], list[str]]:
         """The files `llama.cpp/` will hold (source blob, kind), and why any view is not
         shown: `_compat_files` told from the decisions, so that nothing is read for a model
         decided before."""
@@ -167,12 +167,12 @@ class CompatDirs:
                 files.append((projector.layer.digest, "mmproj"))
         return files, problems
 
-    def _shows_compat(self, plan: _Plan, v: Variant) -> bool:
+    def _shows_compat(self, plan: ModelPlan, v: Variant) -> bool:
         """Will the model directory hold `llama.cpp/`? (Its link count says so before it is
         filled.)"""
         return bool(self._compat_shape(plan, v)[0])
 
-    def _add_compat(self, d: DirNode, plan: _Plan, v: Variant, mtime_ns: int) -> list[str]:
+    def _add_compat(self, d: DirNode, plan: ModelPlan, v: Variant, mtime_ns: int) -> list[str]:
         """`llama.cpp/` in the model directory `d`, if it has one, filled on first use (the
         views are made then); its status lines."""
         shows, problems = self._compat_shape(plan, v)
@@ -181,7 +181,7 @@ class CompatDirs:
             holder._fill = functools.partial(self._fill_compat, plan, v, mtime_ns)
         return problems
 
-    def _fill_compat(self, plan: _Plan, v: Variant, mtime_ns: int, holder: DirNode) -> None:
+    def _fill_compat(self, plan: ModelPlan, v: Variant, mtime_ns: int, holder: DirNode) -> None:
         try:
             # The views of a blob decided at an earlier mount are made here, on first use.
             files, _ = self._compat_files(plan, v)

@@ -25,11 +25,11 @@ from modelfs.fsd.ops import ModelOperations
 from modelfs.runtime.inotify import StoreWatch, WatchError
 from modelfs.runtime.leasing import leased
 from modelfs.runtime.notify import sd_notify
-from modelfs.store.fileio import read_file
+from modelfs.store.disk.fileio import read_file
 from modelfs.store.layout import Layout
 from modelfs.store.leases import LeaseKeeper
 from modelfs.store.scan import ScanCache, scan_store
-from modelfs.store.sizes import counted
+from modelfs.store.units import counted
 from modelfs.store.watch import store_signature
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ from typing import Protocol
 
 from modelfs.store.compat import ComputeCache, GGUFView
 from modelfs.store.digest import Digest
-from modelfs.store.views import MergedSafetensors, read_merged
+from modelfs.store.tools.views import MergedSafetensors, read_merged
 
 ROOT_INODE = 1
 

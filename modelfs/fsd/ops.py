@@ -37,9 +37,9 @@ from modelfs.fsd.nodes import (
 )
 from modelfs.runtime.leasing import LiveLease
 from modelfs.store.digest import Digest
+from modelfs.store.disk.fileio import open_fd
 from modelfs.store.errors import StoreError
-from modelfs.store.fileio import open_fd
-from modelfs.store.gguf import read_gguf_header_path
+from modelfs.store.formats.gguf import read_gguf_header_path
 
 log = logging.getLogger(__name__)
 

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import BinaryIO
 
 from modelfs.store.digest import CHUNK, Digest
+from modelfs.store.disk.owner import adopt, make_dirs
 from modelfs.store.errors import CorruptBlobError, StoreError
 from modelfs.store.layout import Layout
 from modelfs.store.names import Name
-from modelfs.store.owner import adopt, make_dirs
 
 FILE_MODE = 0o644
 DIR_MODE = 0o755

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from io import BufferedIOBase
 
+from modelfs.store.disk.fileio import open_binary
 from modelfs.store.errors import InvalidDigestError
-from modelfs.store.fileio import open_binary
 
 # Ollama accepts either separator and either hex case (manifest/paths.go); we compare and
 # name files in lowercase, which is what every Ollama writer produces.

@@ -59,8 +59,9 @@ from typing import Any
 
 from modelfs.store.blobs import fsync_dir
 from modelfs.store.digest import Digest, is_blob_name
+from modelfs.store.disk.fileio import open_binary
+from modelfs.store.disk.owner import adopt, make_dirs, write_atomic
 from modelfs.store.errors import InvalidDigestError, InvalidNameError, LockBusyError, StoreError
-from modelfs.store.fileio import open_binary
 from modelfs.store.layout import Layout
 from modelfs.store.lockfile import LockFile, host_id
 from modelfs.store.manifest import (
@@ -73,7 +74,6 @@ from modelfs.store.manifest import (
     parse_manifest,
 )
 from modelfs.store.names import Name, name_from_path_parts, parse_name
-from modelfs.store.owner import adopt, make_dirs, write_atomic
 from modelfs.store.scan import Entry, StoreIndex, read_limited
 
 log = logging.getLogger(__name__)

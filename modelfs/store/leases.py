@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from modelfs.store.digest import Digest
+from modelfs.store.disk.fileio import open_binary
+from modelfs.store.disk.owner import write_atomic
 from modelfs.store.errors import StoreError
-from modelfs.store.fileio import open_binary
 from modelfs.store.layout import Layout
 from modelfs.store.lockfile import host_id
-from modelfs.store.owner import write_atomic
 from modelfs.store.scan import Problem
 
 LEASE_VERSION = 1

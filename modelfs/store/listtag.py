@@ -21,8 +21,8 @@ from pathlib import Path
 
 from modelfs.store.blobs import BlobStore
 from modelfs.store.digest import Digest
+from modelfs.store.disk.fileio import read_file
 from modelfs.store.errors import StoreError
-from modelfs.store.fileio import read_file
 from modelfs.store.layout import Layout
 from modelfs.store.manifest import (
     MAX_MANIFEST_BYTES,

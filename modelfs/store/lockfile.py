@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from modelfs.store.disk.fileio import open_binary
+from modelfs.store.disk.owner import adopt, make_dirs
 from modelfs.store.errors import LockBusyError, LockLostError
-from modelfs.store.fileio import open_binary
-from modelfs.store.owner import adopt, make_dirs
 
 
 def host_id() -> str:

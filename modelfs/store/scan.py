@@ -19,6 +19,8 @@ from pathlib import Path
 
 from modelfs.store.collector import cycles_uncollected
 from modelfs.store.digest import Digest, forget_parsed, is_blob_name
+from modelfs.store.disk.fileio import read_file, read_file_stat
+from modelfs.store.disk.prefetch import HEAD, cached, prefetch
 from modelfs.store.errors import (
     InvalidDigestError,
     InvalidNameError,
@@ -26,7 +28,6 @@ from modelfs.store.errors import (
     ModelNotFoundError,
     StoreError,
 )
-from modelfs.store.fileio import read_file, read_file_stat
 from modelfs.store.layout import Layout
 from modelfs.store.manifest import (
     MAX_CONFIG_BYTES,
@@ -40,7 +41,6 @@ from modelfs.store.manifest import (
     parse_manifest,
 )
 from modelfs.store.names import Name, name_from_path_parts, parse_name
-from modelfs.store.prefetch import HEAD, cached, prefetch
 from modelfs.store.tagid import TagId, tag_ids
 
 log = logging.getLogger(__name__)

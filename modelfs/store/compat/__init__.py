@@ -24,8 +24,15 @@ from modelfs.store.compat.compute import ComputeCache
 from modelfs.store.compat.draft import Draft
 from modelfs.store.compat.handlers import NOT_PORTED, TEXT_ARCHES, translate_clip, translate_text
 from modelfs.store.compat.view import GGUFView, build_view
-from modelfs.store.fileio import open_binary
-from modelfs.store.gguf import FIXED_SIZES, MAGIC, T_ARRAY, T_STRING, GGUFHeader, read_gguf_header
+from modelfs.store.disk.fileio import open_binary
+from modelfs.store.formats.gguf import (
+    FIXED_SIZES,
+    MAGIC,
+    T_ARRAY,
+    T_STRING,
+    GGUFHeader,
+    read_gguf_header,
+)
 
 __all__ = [
     "COMPATIBLE_RUNNERS",

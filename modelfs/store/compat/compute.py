@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from modelfs.store.compat.draft import GGML_BF16, GGML_F16, GGML_F32, Compute
-from modelfs.store.owner import write_atomic
+from modelfs.store.disk.owner import write_atomic
 
 if TYPE_CHECKING:
     # numpy is imported where a tensor is computed, so a mount that computes none never loads it.

@@ -21,9 +21,9 @@ import logging
 from pathlib import Path
 
 from modelfs.store.digest import Digest
-from modelfs.store.fileio import open_binary
+from modelfs.store.disk.fileio import open_binary
+from modelfs.store.disk.owner import write_atomic
 from modelfs.store.layout import Layout
-from modelfs.store.owner import write_atomic
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
-from modelfs.store.gguf import (
+from modelfs.store.formats.gguf import (
     GGML_TYPES,
     T_ARRAY,
     T_BOOL,

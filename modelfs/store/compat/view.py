@@ -17,8 +17,8 @@ from typing import BinaryIO
 
 from modelfs.store.compat.compute import LITERAL_OPS, OPS, ComputeCache, cache_name
 from modelfs.store.compat.draft import Compute, Draft, check_tensor
-from modelfs.store.fileio import open_binary
-from modelfs.store.gguf import (
+from modelfs.store.disk.fileio import open_binary
+from modelfs.store.formats.gguf import (
     DEFAULT_ALIGNMENT,
     T_ARRAY,
     array_prefix_end,

@@ -1,0 +1,32 @@
+"""What a model directory of one manifest holds, worked out once per build (fsd.builder), and
+the builder state its `llama.cpp/` part (fsd.compat_dirs) reads: both below those two modules,
+so neither imports the other to name them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from modelfs.fsd.nodes import BlobNode
+from modelfs.store.compat import ComputeCache
+from modelfs.store.compat.decisions import Decisions
+from modelfs.store.tools.files import ModelFile
+
+
+@dataclass
+class ModelPlan:
+    """What a model directory of one manifest holds, worked out once per build."""
+
+    files: list[ModelFile]
+    shown: list[tuple[ModelFile, BlobNode]]  # the blob-backed files, blob present, right size
+    missing: list[str]  # status lines
+    config: BlobNode | None
+    subdirs: int
+
+
+class BuilderState(Protocol):
+    """What outlives one build in fsd.builder.TreeBuilder and the compat views use."""
+
+    decisions: Decisions | None
+    compute_cache: ComputeCache | None

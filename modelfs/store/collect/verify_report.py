@@ -1,0 +1,341 @@
+"""What `modelfs verify` reports: the store's state besides blob hashes, and the report itself.
+
+    survey(index, referenced) -> Survey        missing, stray, misnamed, bad manifests, owners
+    Report(...)                                 one run's findings; `.ok`, `.as_json()`
+
+Kinds of findings, and whether they make the store "not whole" (exit status 1):
+
+- corrupt: a blob whose sha256 is not its name (moved to quarantine)           — wrong
+- unreadable: a blob that cannot be read (EIO, EACCES)                         — wrong
+- missing: a manifest names a blob that is absent or has another size           — wrong
+- bad manifest: a manifest that cannot be read or parsed                        — wrong
+- orphaned: a blob no manifest names: `modelfs gc` reclaims it, unless GC keeps it for now
+  (tag history, a live lease, younger than the grace; `gc_keeps` says which) — information
+- stray: a file that is not a blob or a manifest (Ollama partials, .DS_Store,
+  a `manifests-v2` link to a blob `ollama rm` deleted: a removed tag)          — information
+- misnamed: `sha256:<hex>` (a copy from another OS); Ollama renames these
+  itself at startup, and the fix is printed                                     — information
+- changed: a blob modified or replaced while it was read (not judged)           — information
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from modelfs.store.collect.gc import history_roots
+from modelfs.store.collect.reach import Reach
+from modelfs.store.digest import Digest
+from modelfs.store.errors import InvalidDigestError, StoreError
+from modelfs.store.history import TagHistory
+from modelfs.store.layout import Layout
+from modelfs.store.leases import read_leases
+from modelfs.store.names import Name
+from modelfs.store.scan import STRAY_KINDS, StoreIndex
+from modelfs.store.units import format_duration
+
+# -- what manifests say ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """A manifest that names a blob."""
+
+    manifest: str  # path relative to the store root
+    name: Name  # the tag, for a repository name to fetch the blob under
+    label: str  # `gemma4:26b`, or `gemma4:26b@mlx` for a list's child
+
+
+@dataclass(slots=True)
+class Missing:
+    digest: Digest
+    size: int  # what the manifest says
+    actual: int | None  # the size of the file there, None when absent
+    owner: Owner
+    found_as: str | None = None  # `blobs/sha256:<hex>`: present under a foreign name
+    repaired: bool = False
+
+
+@dataclass(slots=True)
+class Misnamed:
+    path: str  # relative to the store root
+    size: int | None
+    fix: str  # a shell command, run in the store root
+
+
+@dataclass(slots=True)
+class Survey:
+    missing: list[Missing] = field(default_factory=list)
+    stray: list[tuple[str, int | None, str]] = field(default_factory=list)  # path, size, why
+    misnamed: list[Misnamed] = field(default_factory=list)
+    bad_manifests: list[tuple[str, str]] = field(default_factory=list)  # path, message
+    owners: dict[Digest, list[Owner]] = field(default_factory=dict)
+    referenced: set[Digest] = field(default_factory=set)
+
+
+def _lsize(root: Path, rel: str) -> int | None:
+    try:
+        st = os.lstat(root / rel)
+    except OSError:
+        return None
+    return None if st.st_mode & 0o170000 == 0o040000 else st.st_size
+
+
+def misnamed_fix(root: Path, rel: str) -> str:
+    """The command that gives a foreign-named blob Ollama's name (run in the store root)."""
+    name = rel.rsplit("/", 1)[-1]
+    try:
+        canonical = Digest.parse(name).blob_name
+    except InvalidDigestError:
+        return f"# not a digest: inspect {shlex.quote(rel)}"
+    # `name` matched the digest pattern, so it holds no quote: plain single quotes are safe.
+    if (root / "blobs" / canonical).exists():
+        # Both spellings present: the canonical one is what Ollama uses (verify checks it).
+        return f"rm '{rel}'"
+    return f"mv '{rel}' blobs/{canonical}"
+
+
+def survey(index: StoreIndex, reach: Reach) -> Survey:
+    """What the scan and the reachability walk (shared with GC) say, besides blob hashes."""
+    root = index.layout.root
+    out = Survey(referenced=reach.digests)
+    foreign: dict[Digest, str] = {}
+    # A stray in the manifests trees is told in GC's words (the walk that GC shares knows
+    # whether it held a manifest).
+    words = {p.path: p.message for p in reach.strays}
+    for problem in index.problems:
+        if problem.kind == "foreign-blob":
+            out.misnamed.append(
+                Misnamed(problem.path, _lsize(root, problem.path), misnamed_fix(root, problem.path))
+            )
+            with contextlib.suppress(InvalidDigestError):
+                foreign[Digest.parse(problem.path.rsplit("/", 1)[-1])] = problem.path
+        elif problem.kind in STRAY_KINDS:
+            message = words.get(problem.path, problem.message)
+            out.stray.append((problem.path, _lsize(root, problem.path), message))
+        elif problem.kind == "bad-manifest":
+            out.bad_manifests.append((problem.path, problem.message))
+    # The reachability walk reads every manifest file, also legacy files a v2 tag hides: one of
+    # those that cannot be read is a broken manifest too (one the scan calls a stray, such as
+    # a `.DS_Store` where a tag would be, stays a stray: it is no lost model).
+    known = {path for path, _ in out.bad_manifests} | {path for path, _, _ in out.stray}
+    for problem in reach.strays:  # in the words GC reports them with
+        if problem.path not in known:
+            known.add(problem.path)
+            out.stray.append((problem.path, _lsize(root, problem.path), problem.message))
+    for problem in reach.unreadable:
+        if problem.path not in known:
+            known.add(problem.path)
+            out.bad_manifests.append((problem.path, problem.message))
+
+    seen: set[tuple[Digest, str]] = set()
+    for entry in index.sorted_entries():
+        rel = entry.rel
+        top = Owner(rel, entry.name, entry.name.shortest)
+        out.owners.setdefault(entry.top.digest, []).append(top)
+        for variant in entry.variants:
+            label = entry.name.shortest + (f"@{variant.runner}" if variant.from_list else "")
+            owner = Owner(rel, entry.name, label)
+            manifest = variant.manifest
+            if variant.from_list:
+                out.owners.setdefault(manifest.digest, []).append(owner)
+            sizes = manifest.blob_sizes()
+            for digest in sizes:
+                out.owners.setdefault(digest, []).append(owner)
+                info = index.blob_info(digest)
+                if (info is None or info.size != sizes[digest]) and (digest, rel) not in seen:
+                    seen.add((digest, rel))
+                    out.missing.append(
+                        Missing(
+                            digest,
+                            sizes[digest],
+                            None if info is None else info.size,
+                            owner,
+                            found_as=foreign.get(digest),
+                        )
+                    )
+    return out
+
+
+# -- the report --------------------------------------------------------------------------------
+@dataclass(slots=True)
+class Corrupt:
+    name: str  # sha256-<hex>
+    size: int
+    actual: str  # the sha256 its bytes have
+    owners: list[Owner]
+    quarantined: str | None = None  # where it went, relative to the store root
+    error: str | None = None  # why it could not be moved
+    repaired: bool = False
+
+
+@dataclass(slots=True)
+class Repair:
+    digest: Digest
+    size: int
+    ok: bool
+    detail: str  # the peer it came from, or why it could not be fetched
+    dropped: list[str] = field(default_factory=list)  # quarantined copies removed
+
+
+@dataclass(slots=True)
+class Report:
+    root: Path
+    mode: str  # "full" | "quick"
+    blobs: int = 0
+    bytes: int = 0  # bytes of the blobs checked
+    bytes_read: int = 0
+    sha256: int = 0  # blobs whose sha256 was computed
+    xxh3_only: int = 0  # blobs a quick check passed on xxh3 alone
+    seconds: float = 0.0
+    corrupt: list[Corrupt] = field(default_factory=list)
+    unreadable: list[tuple[str, str]] = field(default_factory=list)  # blob name, why
+    changed: list[str] = field(default_factory=list)
+    missing: list[Missing] = field(default_factory=list)
+    orphaned: list[tuple[str, int]] = field(default_factory=list)  # blob name, size
+    kept: dict[str, str] = field(default_factory=dict)  # orphan -> why GC keeps it for now
+    stray: list[tuple[str, int | None, str]] = field(default_factory=list)
+    misnamed: list[Misnamed] = field(default_factory=list)
+    bad_manifests: list[tuple[str, str]] = field(default_factory=list)
+    quarantine: list[tuple[str, int]] = field(default_factory=list)  # in quarantine afterwards
+    repairs: list[Repair] = field(default_factory=list)
+    cache_written: bool = True
+
+    @property
+    def orphaned_bytes(self) -> int:
+        return sum(size for _, size in self.orphaned)
+
+    @property
+    def reclaimable(self) -> list[tuple[str, int]]:
+        """The orphans GC will reclaim (after its second sighting), not the ones it keeps."""
+        return [(n, s) for n, s in self.orphaned if n not in self.kept]
+
+    @property
+    def stray_bytes(self) -> int:
+        return sum(size or 0 for _, size, _ in self.stray)
+
+    @property
+    def problems(self) -> list[str]:
+        """What makes the store not whole, after any repair (empty: exit status 0)."""
+        out = []
+        if n := sum(not c.repaired for c in self.corrupt):
+            out.append(f"{n} corrupt")
+        if self.unreadable:
+            out.append(f"{len(self.unreadable)} unreadable")
+        if n := len({m.digest for m in self.missing if not m.repaired}):
+            out.append(f"{n} missing")
+        if self.bad_manifests:
+            out.append(f"{len(self.bad_manifests)} bad manifest(s)")
+        return out
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def as_json(self) -> dict[str, Any]:
+        def owner(o: Owner) -> dict[str, str]:
+            return {"manifest": o.manifest, "name": o.label}
+
+        return {
+            "store": str(self.root),
+            "mode": self.mode,
+            "ok": self.ok,
+            "problems": self.problems,
+            "checked": {
+                "blobs": self.blobs,
+                "bytes": self.bytes,
+                "bytes_read": self.bytes_read,
+                "sha256": self.sha256,
+                "xxh3_only": self.xxh3_only,
+                "seconds": round(self.seconds, 3),
+            },
+            "corrupt": [
+                {
+                    "blob": f"blobs/{c.name}",
+                    "digest": "sha256:" + c.name.removeprefix("sha256-"),
+                    "size": c.size,
+                    "actual": f"sha256:{c.actual}",
+                    "quarantined": c.quarantined,
+                    "error": c.error,
+                    "repaired": c.repaired,
+                    "manifests": [owner(o) for o in c.owners],
+                }
+                for c in self.corrupt
+            ],
+            "unreadable": [{"blob": f"blobs/{n}", "error": why} for n, why in self.unreadable],
+            "changed": [f"blobs/{n}" for n in self.changed],
+            "missing": [
+                {
+                    "digest": str(m.digest),
+                    "size": m.size,
+                    "actual_size": m.actual,
+                    "found_as": m.found_as,
+                    "repaired": m.repaired,
+                    **owner(m.owner),
+                }
+                for m in self.missing
+            ],
+            "orphaned": {
+                "bytes": self.orphaned_bytes,
+                "reclaimable_bytes": sum(s for _, s in self.reclaimable),
+                "blobs": [
+                    {"blob": f"blobs/{n}", "size": s, "kept": self.kept.get(n)}
+                    for n, s in self.orphaned
+                ],
+            },
+            "stray": {
+                "bytes": self.stray_bytes,
+                "files": [{"path": p, "size": s, "why": why} for p, s, why in self.stray],
+            },
+            "misnamed": [{"path": m.path, "size": m.size, "fix": m.fix} for m in self.misnamed],
+            "bad_manifests": [{"path": p, "message": msg} for p, msg in self.bad_manifests],
+            "quarantine": [
+                {"path": f".modelfs/quarantine/{n}", "size": s} for n, s in self.quarantine
+            ],
+            "repairs": [
+                {
+                    "digest": str(r.digest),
+                    "size": r.size,
+                    "ok": r.ok,
+                    "detail": r.detail,
+                    "dropped_from_quarantine": r.dropped,
+                }
+                for r in self.repairs
+            ],
+            "cache_written": self.cache_written,
+        }
+
+
+def gc_keeps(
+    layout: Layout, orphans: list[tuple[str, int]], now: float, grace: float
+) -> dict[str, str]:
+    """Why GC keeps each orphan it will not reclaim yet, by GC's own roots (store.gc): tag
+    history (a replaced version within its retention), a live lease, or an mtime within
+    `grace`. Orphans absent from the answer are GC's to reclaim."""
+    history, _ = history_roots(layout, now)
+    retention = ""
+    if history:
+        with contextlib.suppress(OSError, ValueError, StoreError):
+            retention = f" for {format_duration(TagHistory(layout).retention())}"
+    held: dict[str, str] = {}
+    for lease in read_leases(layout, now).live:
+        for d in lease.digests:
+            held.setdefault(d.blob_name, f"a live {lease.purpose} lease of {lease.host}")
+    out: dict[str, str] = {}
+    for name, _ in orphans:
+        if Digest(name.removeprefix("sha256-")) in history:
+            out[name] = f"tag history keeps it{retention} (a version a tag moved away from)"
+        elif name in held:
+            out[name] = f"held by {held[name]}"
+        else:
+            try:
+                age = now - os.stat(layout.blobs / name, follow_symlinks=False).st_mtime
+            except OSError:
+                continue
+            if age < grace:
+                out[name] = f"younger than GC's grace ({format_duration(grace)})"
+    return out

@@ -1,0 +1,1 @@
+"""Pulling models from peers into a store: manifests, sources, blob transfers, progress."""
