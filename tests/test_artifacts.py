@@ -44,7 +44,7 @@ from modelfs.store.names import parse_name
 from tests import ollama_local
 from tests.mounting import fuse, mounted
 from tests.registry import Registry, needs_registry, running_registry
-from tests.test_registries import error_line, pull
+from tests.test_registries import error_line, modelfs, pull
 
 SKOPEO = shutil.which("skopeo")
 pytestmark = [
@@ -216,6 +216,8 @@ def test_a_docker_model_runner_artifact_lands_as_an_ollama_model(
     }
     assert blob(store, by_type["application/vnd.ollama.image.model"]["digest"]) == gguf
 
+    r = modelfs("show", "--store", str(store), NAME)
+    assert f"from the docker-model artifact {digest}" in r.stdout
     before = len(blob_gets(registry))
     raw = Layout(store).legacy_manifest(parse_name(NAME)).read_bytes()
     r = pull(store, registry.url, NAME)

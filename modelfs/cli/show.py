@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from modelfs.cli.human import rfc3339_nano, table
+from modelfs.store.artifacts import recorded_source
 from modelfs.store.compat import (
     COMPATIBLE_RUNNERS,
     CompatViews,
@@ -54,6 +55,7 @@ def _variant_record(
             "model_type": config.model_type if config else "",
             "file_type": config.file_type if config else "",
             "capabilities": list(config.capabilities) if config else [],
+            "source": recorded_source(config.extra) if config else None,
         },
         "layers": layers,
     }
@@ -183,6 +185,8 @@ def render(record: dict[str, Any]) -> str:
             f"{v['runner'] or 'model'}: {cfg['model_family'] or '?'} {cfg['model_type']} "
             f"{cfg['file_type']}".rstrip()
         )
+        if cfg["source"]:
+            out.append(f"  from the {cfg['source']['format']} artifact {cfg['source']['digest']}")
         rows = [["FILE", "MEDIA TYPE", "SIZE", "DIGEST"]]
         for layer in v["layers"]:
             rows.append(

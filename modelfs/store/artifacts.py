@@ -316,6 +316,14 @@ def _config_v2(facts: _Facts, manifest: Manifest, kind: str) -> dict[str, Any]:
     }
 
 
+def recorded_source(config: dict[str, Any]) -> dict[str, str] | None:
+    """The source artifact a landed model's config records (`land`), or None."""
+    source = config.get(SOURCE_KEY)
+    if not isinstance(source, dict) or not isinstance(source.get("digest"), str):
+        return None
+    return {k: v for k, v in source.items() if isinstance(v, str)}
+
+
 __all__ = [
     "DOCKER_MODEL",
     "MODELPACK",
@@ -325,4 +333,5 @@ __all__ = [
     "artifact_kind",
     "check_artifact",
     "land",
+    "recorded_source",
 ]
