@@ -53,6 +53,9 @@ pytestmark = [
 ]
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+DMR_CONFIG = "application/vnd.docker.ai.model.config.v0.1+json"
+MP_ARTIFACT = "application/vnd.cncf.model.manifest.v1+json"
+MP_CONFIG = "application/vnd.cncf.model.config.v1+json"
 NAME = "docker.io/ai/smollm2:360M-Q4_K_M"
 LICENSE = b"Apache License 2.0, for the test\n"
 TEMPLATE = b"{% for m in messages %}{{ m.content }}{% endfor %}"
@@ -370,3 +373,62 @@ def test_llama_cpp_loads_the_pulled_artifact_through_the_mount(
         assert llm.tokenize(b"hello world", add_bos=False) == native.tokenize(
             b"hello world", add_bos=False
         )
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("demo-store")
+    build_demo_store(root)
+    return root
+
+
+@pytest.mark.parametrize(
+    ("fmt", "artifact_type", "config_type", "model_type"),
+    [
+        ("docker-model", None, DMR_CONFIG, "application/vnd.docker.ai.gguf.v3"),
+        ("modelpack", MP_ARTIFACT, MP_CONFIG, "application/vnd.cncf.model.weight.v1.raw"),
+    ],
+)
+def test_push_as_an_artifact_and_pull_back_the_identical_model(
+    registry: Registry,
+    tmp_path: Path,
+    demo: Path,
+    fmt: str,
+    artifact_type: str | None,
+    config_type: str,
+    model_type: str,
+) -> None:
+    """`push --format` writes the format's layout (read back by skopeo, a real client), the
+    weights under the format's type with their own digests; pulling it back gives the Ollama
+    manifest byte for byte, and every blob it names."""
+    name = VOCAB_ONLY_MODEL
+    r = modelfs("push", "--store", str(demo), name, "--to", registry.url, "--format", fmt)
+    assert r.returncode == 0, r.stderr
+    n = parse_name(name)
+    original = Layout(demo).legacy_manifest(n).read_bytes()
+    doc = json.loads(original)
+    [model] = [x for x in doc["layers"] if x["mediaType"] == "application/vnd.ollama.image.model"]
+
+    repo = f"{registry.address}/{n.namespace}/{n.model}:{n.tag}"
+    raw = subprocess.run(
+        [str(SKOPEO), "inspect", "--raw", "--tls-verify=false", f"docker://{repo}"],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    ).stdout
+    artifact = json.loads(raw)
+    assert artifact["mediaType"] == OCI_MANIFEST
+    assert artifact.get("artifactType") == artifact_type
+    assert artifact["config"]["mediaType"] == config_type
+    weights = [x for x in artifact["layers"] if x["digest"] == model["digest"]]
+    assert [x["mediaType"] for x in weights] == [model_type]
+
+    store = tmp_path / "back"
+    r = pull(store, registry.url, name)
+    assert r.returncode == 0, r.stderr
+    assert Layout(store).legacy_manifest(n).read_bytes() == original
+    for layer in [doc["config"], *doc["layers"]]:
+        assert blob(store, layer["digest"]) == blob(demo, layer["digest"])
+    [tags] = ollama_local.api_tags(store)
+    [demo_tags] = [t for t in ollama_local.api_tags(demo) if t["name"] == tags["name"]]
+    assert tags["digest"] == demo_tags["digest"]

@@ -3,6 +3,7 @@ models.
 
     artifact_kind(manifest) -> OLLAMA | DOCKER_MODEL | MODELPACK    (UnknownArtifactError)
     land(store, manifest) -> the Ollama manifest's bytes   (its config and params blobs written)
+    pack(manifest, config, fmt) -> Packed(raw, blobs)     an Ollama model as such an artifact
 
 A pulled manifest that is not Ollama's own is translated once its blobs are here: the weight
 layers keep their digests (the artifact's own blobs, never copied or re-encoded, so a blob
@@ -19,6 +20,11 @@ skips the ones it does not know, and Go's JSON decoder skips unknown config fiel
   its own `tokenizer.chat_template`, which Ollama reads;
 - the config records the source in `modelfs_source`: the artifact's manifest digest, media type
   and artifact type (`modelfs show` and the history see where the model came from).
+
+`pack` is the way out: the layers Ollama's and the format's types both name (GGUF weights,
+projector, license) are given the format's type, the others keep Ollama's; the Ollama config
+blob and the Ollama manifest's own bytes travel as two more layers, so that `land` gives back
+the identical Ollama model (those bytes, verbatim) when all the blobs they name came along.
 
 The formats, as their own repositories define them:
 
@@ -45,9 +51,12 @@ from modelfs.store.errors import ManifestError
 from modelfs.store.manifest import (
     MEDIA_CONFIG,
     MEDIA_MANIFEST,
+    MEDIA_OCI_MANIFEST,
     Manifest,
+    ModelConfig,
     go_marshal,
     parse_config,
+    parse_manifest,
 )
 
 OLLAMA = "ollama"
@@ -229,6 +238,8 @@ def _ollama_type(kind: str, layer_obj: dict[str, Any], fmt: str, what: str) -> s
         if media == DMR_LICENSE:
             return OLLAMA_LICENSE
         return None
+    if media == MP_WEIGHT_RAW and _base(path).startswith("mmproj"):
+        return OLLAMA_PROJECTOR
     if media == MP_WEIGHT_GGUF or (
         media == MP_WEIGHT_RAW and (fmt.lower() == "gguf" or path.endswith(".gguf"))
     ):
@@ -238,9 +249,13 @@ def _ollama_type(kind: str, layer_obj: dict[str, Any], fmt: str, what: str) -> s
             f"{what}: {path or 'a weight layer'} ({media}, format {fmt or 'unset'}) is not GGUF; "
             "only GGUF weights are landed as an Ollama model yet"
         )
-    if media == MP_DOC_RAW and path.rsplit("/", 1)[-1].startswith(("license", "licence")):
+    if media == MP_DOC_RAW and _base(path).startswith(("license", "licence")):
         return OLLAMA_LICENSE
     return None
+
+
+def _base(path: str) -> str:
+    return path.rsplit("/", 1)[-1]
 
 
 def _descriptor(media: str, digest: Digest, size: int) -> dict[str, Any]:
@@ -255,6 +270,9 @@ def land(store: BlobStore, manifest: Manifest) -> bytes:
     if kind == OLLAMA:
         return manifest.raw
     what = f"{kind} artifact {manifest.digest.short}"
+    embedded = _embedded(store, manifest)
+    if embedded is not None:
+        return embedded
     if manifest.config is None:
         raise ManifestError(f"{what}: no config")
     src_cfg = manifest.config
@@ -316,6 +334,104 @@ def _config_v2(facts: _Facts, manifest: Manifest, kind: str) -> dict[str, Any]:
     }
 
 
+def _embedded(store: BlobStore, manifest: Manifest) -> bytes | None:
+    """The Ollama manifest `pack` put in the artifact, if every blob it names came along."""
+    carried = [x for x in manifest.layers if x.media_type == MEDIA_MANIFEST]
+    if len(carried) != 1:
+        return None
+    raw = store.layout.blob(carried[0].digest).read_bytes()
+    try:
+        inner = parse_manifest(raw, f"blob {carried[0].digest}")
+    except ManifestError:
+        return None
+    present = {x.digest for x in manifest.layers}
+    if not isinstance(inner, Manifest) or not set(inner.blob_sizes()) <= present:
+        return None
+    return raw
+
+
+@dataclass(frozen=True, slots=True)
+class Packed:
+    """An artifact for a registry: its manifest, and the blobs it names that the store does not
+    hold (its config, the carried Ollama manifest); the others are the Ollama model's."""
+
+    raw: bytes
+    blobs: dict[Digest, bytes]
+
+
+_PACKED_TYPES = {
+    DOCKER_MODEL: {
+        OLLAMA_MODEL: DMR_GGUF,
+        OLLAMA_PROJECTOR: DMR_MMPROJ,
+        OLLAMA_LICENSE: DMR_LICENSE,
+    },
+    MODELPACK: {
+        OLLAMA_MODEL: MP_WEIGHT_RAW,
+        OLLAMA_PROJECTOR: MP_WEIGHT_RAW,
+        OLLAMA_LICENSE: MP_DOC_RAW,
+    },
+}
+# ModelPack names a raw layer's file (specs-go/v1/annotations.go); the names the mount gives.
+_PACKED_PATHS = {
+    OLLAMA_MODEL: "model.gguf",
+    OLLAMA_PROJECTOR: "mmproj.gguf",
+    OLLAMA_LICENSE: "LICENSE",
+}
+
+
+def pack(manifest: Manifest, config: ModelConfig | None, fmt: str) -> Packed:
+    """`manifest` (a plain Ollama GGUF model) as a `fmt` artifact (DOCKER_MODEL, MODELPACK)."""
+    label = f"manifest {manifest.digest.short}"
+    if config is None or manifest.config is None:
+        raise UnsupportedArtifactError(f"{label}: no config blob to describe the model with")
+    if [x.media_type for x in manifest.layers].count(OLLAMA_MODEL) != 1 or (
+        config.model_format not in ("", "gguf")
+    ):
+        raise UnsupportedArtifactError(
+            f"{label}: only a model of one GGUF layer is pushed as {fmt} yet"
+        )
+    types = _PACKED_TYPES[fmt]
+    layers: list[dict[str, Any]] = []
+    seen: dict[str, int] = {}
+    for layer in manifest.layers:
+        d = _descriptor(types.get(layer.media_type, layer.media_type), layer.digest, layer.size)
+        if fmt == MODELPACK and layer.media_type in _PACKED_PATHS:
+            n = seen[layer.media_type] = seen.get(layer.media_type, 0) + 1
+            path = _PACKED_PATHS[layer.media_type] + (f"-{n}" if n > 1 else "")
+            d["annotations"] = {ANNOTATION_FILEPATH: path}
+        layers.append(d)
+    layers.append(_descriptor(MEDIA_CONFIG, manifest.config.digest, manifest.config.size))
+    layers.append(_descriptor(MEDIA_MANIFEST, manifest.digest, len(manifest.raw)))
+    diff_ids = [d["digest"] for d in layers]
+    if fmt == DOCKER_MODEL:
+        # types/config.go ConfigFile; builder/builder.go:152-155 (rootfs type "rootfs")
+        facts = {"format": "gguf", "quantization": config.file_type}
+        facts |= {"parameters": config.model_type, "architecture": config.model_family}
+        cfg: dict[str, Any] = {
+            "config": {k: v for k, v in facts.items() if v},
+            "descriptor": {},
+            "rootfs": {"type": "rootfs", "diff_ids": diff_ids},
+        }
+        top: dict[str, Any] = {"schemaVersion": 2, "mediaType": MEDIA_OCI_MANIFEST}
+        config_type = DMR_CONFIG_V01
+    else:
+        # specs-go/v1/config.go Model; docs/spec.md (artifactType, config media type)
+        facts = {"format": "gguf", "paramSize": config.model_type}
+        facts["quantization"] = config.file_type
+        cfg = {
+            "descriptor": {"family": config.model_family} if config.model_family else {},
+            "config": {k: v for k, v in facts.items() if v},
+            "modelfs": {"type": "layers", "diffIds": diff_ids},
+        }
+        top = {"schemaVersion": 2, "mediaType": MEDIA_OCI_MANIFEST, "artifactType": MP_ARTIFACT}
+        config_type = MP_CONFIG
+    config_raw = go_marshal(cfg)
+    top["config"] = _descriptor(config_type, Digest.of_bytes(config_raw), len(config_raw))
+    top["layers"] = layers
+    blobs = {Digest.of_bytes(config_raw): config_raw, manifest.digest: manifest.raw}
+    return Packed(go_marshal(top), blobs)
+
+
 def recorded_source(config: dict[str, Any]) -> dict[str, str] | None:
     """The source artifact a landed model's config records (`land`), or None."""
     source = config.get(SOURCE_KEY)
@@ -328,10 +444,12 @@ __all__ = [
     "DOCKER_MODEL",
     "MODELPACK",
     "OLLAMA",
+    "Packed",
     "UnknownArtifactError",
     "UnsupportedArtifactError",
     "artifact_kind",
     "check_artifact",
     "land",
+    "pack",
     "recorded_source",
 ]

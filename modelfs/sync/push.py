@@ -41,6 +41,7 @@ from typing import BinaryIO
 import httpx
 import trio
 
+from modelfs.store.artifacts import OLLAMA, UnsupportedArtifactError, pack
 from modelfs.store.digest import CHUNK, Digest
 from modelfs.store.errors import CorruptBlobError, InvalidDigestError, MissingBlobError, StoreError
 from modelfs.store.fileio import open_binary
@@ -188,8 +189,9 @@ def _manifest_blobs(
         out[ref.digest] = BlobSource(ref.digest, ref.size, what, path=index.layout.blob(ref.digest))
 
 
-def plan_model(index: StoreIndex, text: str) -> ModelPlan:
-    """What pushing one model sends; raises (StoreError, RegistryNameError) before any I/O."""
+def plan_model(index: StoreIndex, text: str, fmt: str = OLLAMA) -> ModelPlan:
+    """What pushing one model sends, as an Ollama model or another tool's artifact
+    (store.artifacts); raises (StoreError, RegistryNameError) before any I/O."""
     entry = index.lookup(parse_name(text))
     name = entry.name  # the spelling on disk: the tag keeps its case on the registry
     repository, tag = reference_for(name)
@@ -197,7 +199,16 @@ def plan_model(index: StoreIndex, text: str) -> ModelPlan:
     top = entry.top
     if isinstance(top, Manifest):
         _manifest_blobs(index, name, top, name.shortest, blobs)
+        if fmt != OLLAMA:
+            packed = pack(top, index.config(top), fmt)
+            for digest, data in packed.blobs.items():
+                blobs.setdefault(digest, BlobSource(digest, len(data), fmt, data=data))
+            top = parse_manifest(packed.raw, f"{fmt} artifact of {name.shortest}")
         return ModelPlan(name, repository, tag, top, tuple(blobs.values()))
+    if fmt != OLLAMA:
+        raise UnsupportedArtifactError(
+            f"cannot push {name.shortest} as {fmt}: it is a manifest list; push one variant"
+        )
 
     children: list[ChildManifest] = []
     inline = {c.digest for c in top.children if c.inline is not None}
