@@ -41,6 +41,7 @@ from modelfs.demo import VOCAB_ONLY_MODEL, build_demo_store
 from modelfs.fsd.builder import short_path
 from modelfs.store.layout import Layout
 from modelfs.store.names import parse_name
+from modelfs.sync.registry_names import own_repository
 from tests import ollama_local
 from tests.mounting import fuse, mounted
 from tests.registry import Registry, needs_registry, running_registry
@@ -140,7 +141,9 @@ def registry(tmp_path: Path) -> Iterator[Registry]:
         yield reg
 
 
-def dmr_artifact(reg: Registry, work: Path, gguf: bytes) -> tuple[str, list[bytes]]:
+def dmr_artifact(
+    reg: Registry, work: Path, gguf: bytes, repo: str = NAME
+) -> tuple[str, list[bytes]]:
     """A Docker Model Runner artifact as `docker model package` lays it out: GGUF, mmproj,
     license, chat template; the config with a context size."""
     mmproj = b"GGUF mmproj stand-in"
@@ -163,7 +166,7 @@ def dmr_artifact(reg: Registry, work: Path, gguf: bytes) -> tuple[str, list[byte
         "rootfs": {"type": "rootfs", "diff_ids": [d["digest"] for d, _ in layers]},
     }
     cfg = ("application/vnd.docker.ai.model.config.v0.1+json", json.dumps(config).encode())
-    digest = push_layout(reg, work, NAME, cfg, layers)
+    digest = push_layout(reg, work, repo, cfg, layers)
     return digest, [gguf, mmproj, LICENSE]
 
 
@@ -432,3 +435,32 @@ def test_push_as_an_artifact_and_pull_back_the_identical_model(
     [tags] = ollama_local.api_tags(store)
     [demo_tags] = [t for t in ollama_local.api_tags(demo) if t["name"] == tags["name"]]
     assert tags["digest"] == demo_tags["digest"]
+
+
+def test_a_name_on_the_registrys_own_host_is_its_repository_there(
+    registry: Registry, tmp_path: Path, weights: bytes
+) -> None:
+    """`HOST/ai/smollm2:TAG` from the registry at HOST is its `ai/smollm2` there, where
+    `docker model push` and every other client put it; the model keeps the name asked."""
+    dmr_artifact(registry, tmp_path, weights, repo="ai/smollm2:360M-Q4_K_M")
+    store = tmp_path / "store"
+    name = f"{registry.address}/ai/smollm2:360M-Q4_K_M"
+    r = pull(store, registry.url, name)
+    assert r.returncode == 0, r.stderr
+    [tags] = ollama_local.api_tags(store)
+    assert tags["name"] == name
+    assert ("GET", "/v2/ai/smollm2/manifests/360M-Q4_K_M") in registry.requests()
+
+
+@pytest.mark.parametrize(
+    ("name", "url", "repo"),
+    [
+        ("docker.io/ai/smollm2:360M-Q4_K_M", "https://registry-1.docker.io", "ai/smollm2"),
+        ("docker.io/ai/smollm2:1", "https://index.docker.io", "ai/smollm2"),
+        ("ghcr.io/Org/M:1", "https://ghcr.io", "org/m"),
+        ("ghcr.io/org/m:1", "https://registry.example", None),
+        ("org/m:1", "https://ghcr.io", None),
+    ],
+)
+def test_own_repository(name: str, url: str, repo: str | None) -> None:
+    assert own_repository(parse_name(name), url) == repo

@@ -48,7 +48,6 @@ from modelfs.sync.client import (
     PeerClient,
     RangeBody,
     TruncatedBodyError,
-    repositories,
 )
 from modelfs.sync.errors import LocalWriteError, PeerError, local_error
 from modelfs.sync.http import mapped_errors, raise_for_status
@@ -451,7 +450,7 @@ async def _receive_httpx_range(
     peer: PeerClient, name: Name, t: Transfer, start: int, end: int
 ) -> None:
     what = f"blob {t.partial.digest}"
-    url = peer.blob_url(repositories(name)[0], t.partial.digest)
+    url = peer.blob_url(peer.repositories(name)[0], t.partial.digest)
     headers = {"Range": f"bytes={start}-{end - 1}", "Accept-Encoding": "identity"}
     pos = start
     buf: mmap.mmap | None = None
