@@ -235,13 +235,17 @@ def test_a_docker_model_runner_artifact_lands_as_an_ollama_model(
 def test_a_modelpack_artifact_lands_as_an_ollama_model(
     registry: Registry, tmp_path: Path, weights: bytes
 ) -> None:
-    """A ModelPack artifact with a raw GGUF weight layer, a raw LICENSE and a raw weight
-    config file: the weight and the license keep their digests under Ollama's types."""
+    """A ModelPack artifact with raw GGUF weight layers (the model, a projector named
+    `mmproj*`), a raw LICENSE and a raw weight config file: the weights and the license keep
+    their digests under Ollama's types."""
     gguf = weights
+    mmproj = b"GGUF projector stand-in"
     tokenizer = b'{"version": "1.0"}'
     fp = "org.cncf.model.filepath"
+    raw = "application/vnd.cncf.model.weight.v1.raw"
     layers = [
-        (desc("application/vnd.cncf.model.weight.v1.raw", gguf, **{fp: "model.gguf"}), gguf),
+        (desc(raw, gguf, **{fp: "model.gguf"}), gguf),
+        (desc(raw, mmproj, **{fp: "mmproj-f16.gguf"}), mmproj),
         (
             desc("application/vnd.cncf.model.weight.config.v1.raw", tokenizer, **{fp: "t.json"}),
             tokenizer,
@@ -272,6 +276,7 @@ def test_a_modelpack_artifact_lands_as_an_ollama_model(
     by_type = {x["mediaType"]: x["digest"] for x in doc["layers"]}
     assert by_type["application/vnd.ollama.image.model"] == sha(gguf)
     assert by_type["application/vnd.ollama.image.license"] == sha(LICENSE)
+    assert by_type["application/vnd.ollama.image.projector"] == sha(mmproj)
     assert by_type["application/vnd.cncf.model.weight.config.v1.raw"] == sha(tokenizer)
     source = json.loads(blob(store, doc["config"]["digest"]))["modelfs_source"]
     assert source["digest"] == digest
@@ -464,3 +469,18 @@ def test_a_name_on_the_registrys_own_host_is_its_repository_there(
 )
 def test_own_repository(name: str, url: str, repo: str | None) -> None:
     assert own_repository(parse_name(name), url) == repo
+
+
+def test_weights_an_ollama_model_has_are_not_fetched_again(
+    registry: Registry, tmp_path: Path, demo: Path, weights: bytes
+) -> None:
+    """Into a store whose Ollama model has the same GGUF: that blob is not fetched, and both
+    models name the one file."""
+    dmr_artifact(registry, tmp_path, weights)
+    store = tmp_path / "store"
+    shutil.copytree(demo, store, symlinks=True)
+    r = pull(store, registry.url, NAME)
+    assert r.returncode == 0, r.stderr
+    assert not [uri for uri in blob_gets(registry) if uri.endswith(sha(weights))]
+    names = {t["name"] for t in ollama_local.api_tags(store)}
+    assert {NAME, VOCAB_ONLY_MODEL} <= names
