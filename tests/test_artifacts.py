@@ -323,13 +323,15 @@ def tar_of(name: str, data: bytes) -> bytes:
     return buf.getvalue()
 
 
-@pytest.mark.parametrize("case", ["modelpack-tar", "docker-model-shards", "docker-safetensors"])
+@pytest.mark.parametrize(
+    "case", ["modelpack-tar", "docker-model-shards", "docker-safetensors", "docker-dduf"]
+)
 def test_layers_not_landed_yet_are_one_line_before_any_fetch(
     registry: Registry, tmp_path: Path, weights: bytes, case: str
 ) -> None:
     """A ModelPack tar weight layer (docs/spec.md `application/vnd.cncf.model.weight.v1.tar`),
     a GGUF in shards (several `application/vnd.docker.ai.gguf.v3` layers, as
-    `docker model package` writes a split GGUF) and safetensors weights are not landed yet:
+    `docker model package` writes a split GGUF), safetensors and DDUF weights are not landed yet:
     one line naming what, no blob fetched, nothing written."""
     if case == "modelpack-tar":
         data = tar_of("model.gguf", weights)
@@ -339,14 +341,17 @@ def test_layers_not_landed_yet_are_one_line_before_any_fetch(
         artifact_type: str | None = "application/vnd.cncf.model.manifest.v1+json"
         said = "application/vnd.cncf.model.weight.v1.tar"
     else:
-        gguf = "application/vnd.docker.ai.gguf.v3"
-        media = gguf if case == "docker-model-shards" else "application/vnd.docker.ai.safetensors"
+        media = {
+            "docker-model-shards": "application/vnd.docker.ai.gguf.v3",
+            "docker-safetensors": "application/vnd.docker.ai.safetensors",
+            "docker-dduf": "application/vnd.docker.ai.dduf",
+        }[case]
         parts = [weights[: len(weights) // 2], weights[len(weights) // 2 :]]
         cfg = {"config": {"format": "gguf"}, "descriptor": {}, "rootfs": {"type": "rootfs"}}
         config = ("application/vnd.docker.ai.model.config.v0.1+json", json.dumps(cfg).encode())
         layers = [(desc(media, p), p) for p in parts]
         artifact_type = None
-        said = "2 shards" if case == "docker-model-shards" else media
+        said = {"docker-model-shards": "2 shards", "docker-dduf": "no GGUF"}.get(case, media)
     name = f"ghcr.io/refused/{case}:v1"
     push_layout(registry, tmp_path, name, config, layers, artifact_type)
     store = tmp_path / "store"

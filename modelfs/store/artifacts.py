@@ -161,7 +161,12 @@ def check_artifact(manifest: Manifest) -> str:
             raise UnsupportedArtifactError(
                 f"{what}: tar layers ({media}) are not unpacked yet; raw layers are"
             )
-    _one_gguf(sum(x.media_type in (DMR_GGUF, MP_WEIGHT_GGUF) for x in manifest.layers), what)
+    ggufs = sum(x.media_type in (DMR_GGUF, MP_WEIGHT_GGUF) for x in manifest.layers)
+    _one_gguf(ggufs, what)
+    if kind == DOCKER_MODEL and not ggufs:  # DDUF, a vLLM bundle, …
+        raise UnsupportedArtifactError(
+            f"{what}: no GGUF weights ({_describe(manifest, _top(manifest))})"
+        )
     return kind
 
 
