@@ -451,7 +451,8 @@ def test_a_name_on_the_registrys_own_host_is_its_repository_there(
     registry: Registry, tmp_path: Path, weights: bytes
 ) -> None:
     """`HOST/ai/smollm2:TAG` from the registry at HOST is its `ai/smollm2` there, where
-    `docker model push` and every other client put it; the model keeps the name asked."""
+    `docker model push` and every other client put it; the model keeps the name asked, and is
+    pushed back there."""
     dmr_artifact(registry, tmp_path, weights, repo="ai/smollm2:360M-Q4_K_M")
     store = tmp_path / "store"
     name = f"{registry.address}/ai/smollm2:360M-Q4_K_M"
@@ -460,6 +461,21 @@ def test_a_name_on_the_registrys_own_host_is_its_repository_there(
     [tags] = ollama_local.api_tags(store)
     assert tags["name"] == name
     assert ("GET", "/v2/ai/smollm2/manifests/360M-Q4_K_M") in registry.requests()
+
+    # Pushed back as a Docker Model Runner artifact: to `ai/smollm2` again, the weights the
+    # same blobs; pulled back into a fresh store, the same Ollama model.
+    landed = Layout(store).legacy_manifest(parse_name(name)).read_bytes()
+    r = modelfs(
+        "push", "--store", str(store), name, "--to", registry.url, "--format", "docker-model"
+    )
+    assert r.returncode == 0, r.stderr
+    assert "/ai/smollm2:360M-Q4_K_M" in r.stdout
+    put = ("PUT", "/v2/ai/smollm2/manifests/360M-Q4_K_M")
+    assert registry.requests().count(put) == 2  # skopeo's, then ours
+    again = tmp_path / "again"
+    r = pull(again, registry.url, name)
+    assert r.returncode == 0, r.stderr
+    assert Layout(again).legacy_manifest(parse_name(name)).read_bytes() == landed
 
 
 @pytest.mark.parametrize(

@@ -87,7 +87,7 @@ def run_push(
     out = out or sys.stdout
     err = err or sys.stderr
     base = check_url(url)
-    plans = [plan_model(index, name, fmt) for name in names]
+    plans = [plan_model(index, name, fmt, base) for name in names]
     terminal = TerminalProgress(err) if not json_lines and err.isatty() else None
     # httpx logs every request at INFO: worth seeing with -v, noise otherwise.
     verbose = log.isEnabledFor(logging.DEBUG)

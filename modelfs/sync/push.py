@@ -66,7 +66,7 @@ from modelfs.sync.errors import (
 from modelfs.sync.http import mapped_errors, raise_for_status
 from modelfs.sync.ocirepr import MEDIA_CARRIER, encode_list
 from modelfs.sync.protocol import DIGEST_HEADER
-from modelfs.sync.registry_names import reference_for
+from modelfs.sync.registry_names import own_repository, reference_for
 
 log = logging.getLogger(__name__)
 
@@ -189,12 +189,16 @@ def _manifest_blobs(
         out[ref.digest] = BlobSource(ref.digest, ref.size, what, path=index.layout.blob(ref.digest))
 
 
-def plan_model(index: StoreIndex, text: str, fmt: str = OLLAMA) -> ModelPlan:
-    """What pushing one model sends, as an Ollama model or another tool's artifact
-    (store.artifacts); raises (StoreError, RegistryNameError) before any I/O."""
+def plan_model(
+    index: StoreIndex, text: str, fmt: str = OLLAMA, url: str | None = None
+) -> ModelPlan:
+    """What pushing one model (to the registry at `url`) sends, as an Ollama model or another
+    tool's artifact (store.artifacts); raises (StoreError, RegistryNameError) before any I/O.
+    A name on that registry's own host goes where other clients put it (`own_repository`)."""
     entry = index.lookup(parse_name(text))
     name = entry.name  # the spelling on disk: the tag keeps its case on the registry
     repository, tag = reference_for(name)
+    repository = (own_repository(name, url) if url else None) or repository
     blobs: dict[Digest, BlobSource] = {}
     top = entry.top
     if isinstance(top, Manifest):

@@ -16,6 +16,9 @@ separators side by side or at the end, `:` in a host), so some names need a rule
 - The default host (`registry.ollama.ai`) is left out: `<ns>/<model>`. Any other host is the
   first of three components, `ollama.com` too: it is a host of its own in Ollama's names
   (ollama/ollama fb30760 types/model/name.go:231-249).
+- A name pushed to or pulled from **its own host's registry** is `<ns>/<model>` there
+  (`own_repository`; `docker.io` is served by registry-1.docker.io), as docker names images; a
+  pull then tries the three-component form too, where earlier versions pushed such a name.
 - **Case is folded to lowercase** in the repository. Ollama's own identity of a name is
   case-insensitive per part (`getExistingName`), so `SmolLM2` and `smollm2` are one model and
   this loses nothing Ollama distinguishes; the spelling on disk comes from the name given to
