@@ -37,9 +37,10 @@ HTPASSWD_USER = "pusher"
 HTPASSWD_PASSWORD = "s3cret"
 HTPASSWD_LINE = f"{HTPASSWD_USER}:$2b$04$4j.DE/4B3QjXPFxOXkL7qucbRFThIQ9izkmBDD966RiHapXedolsy"
 
+# logfmt quotes a value only when it needs it (a digest's ':' does, a plain path does not).
 _REQUEST = re.compile(
     r'msg="response completed(?: with error)?"'
-    r'.*?http\.request\.method=(\S+).*?http\.request\.uri="([^"]*)"'
+    r'.*?http\.request\.method=(\S+).*?http\.request\.uri=(?:"([^"]*)"|(\S+))'
 )
 
 
@@ -65,7 +66,7 @@ class Registry:
             if newer == text:
                 break
             text = newer
-        return _REQUEST.findall(text)
+        return [(method, quoted or plain) for method, quoted, plain in _REQUEST.findall(text)]
 
     def log_tail(self, lines: int = 20) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])

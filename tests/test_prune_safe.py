@@ -29,7 +29,7 @@ from modelfs.store.layout import Layout
 from modelfs.store.manifest import MEDIA_LIST, ManifestList, parse_manifest
 from modelfs.store.names import parse_name
 from modelfs.store.scan import DEFAULT_PREFER, scan_store
-from modelfs.sync.manifests import ManifestWriter
+from modelfs.sync.pull.manifests import ManifestWriter
 from tests import ollama_local as ollama
 from tests.builders import TinyStore
 from tests.test_daemon import complete, daemon, wait_until

@@ -36,7 +36,7 @@ from pathlib import Path
 import pytest
 
 from modelfs.demo import GEMMA, DemoStore, build_demo_store
-from modelfs.sync.serve import HEADER_TIMEOUT
+from modelfs.sync.registry.serve import HEADER_TIMEOUT
 from tests.hostile_upstream import BAD, digest_of, manifest_of
 from tests.test_mirror import NO_PROXY
 from tests.test_pull_hosts import server

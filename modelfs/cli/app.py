@@ -335,6 +335,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("names", nargs="+", metavar="NAME")
     p.add_argument("--to", required=True, metavar="URL", help="the registry, http(s)://HOST:PORT")
     p.add_argument("--json", action="store_true", help="progress as NDJSON lines")
+    p.add_argument(
+        "--format",
+        choices=("ollama", "docker-model", "modelpack"),
+        default="ollama",
+        help="push as an Ollama model (default), a Docker Model Runner or a ModelPack artifact",
+    )
     _login_arguments(p, "a bearer token, or user:password for a registry with basic auth")
     p.set_defaults(func=cmd_push)
 

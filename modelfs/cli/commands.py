@@ -216,7 +216,9 @@ def cmd_push(args: argparse.Namespace) -> int:
 
     index = _open_index(args)
     credentials = _credentials(args)
-    run_push(index, args.names, args.to, json_lines=args.json, credentials=credentials)
+    run_push(
+        index, args.names, args.to, json_lines=args.json, credentials=credentials, fmt=args.format
+    )
     return 0
 
 

@@ -12,6 +12,7 @@ from typing import TextIO
 
 import trio
 
+from modelfs.store.formats.artifacts import OLLAMA
 from modelfs.store.scan import StoreIndex
 from modelfs.sync.client.credentials import Credentials
 from modelfs.sync.client.peer import peer_session
@@ -78,6 +79,7 @@ def run_push(
     *,
     json_lines: bool = False,
     credentials: Credentials | None = None,
+    fmt: str = OLLAMA,
     out: TextIO | None = None,
     err: TextIO | None = None,
 ) -> list[PushResult]:
@@ -85,7 +87,7 @@ def run_push(
     out = out or sys.stdout
     err = err or sys.stderr
     base = check_url(url)
-    plans = [plan_model(index, name) for name in names]
+    plans = [plan_model(index, name, fmt, base) for name in names]
     terminal = TerminalProgress(err) if not json_lines and err.isatty() else None
     # httpx logs every request at INFO: worth seeing with -v, noise otherwise.
     verbose = log.isEnabledFor(logging.DEBUG)

@@ -15,6 +15,7 @@ from modelfs.store.compat import (
     mmproj_view,
 )
 from modelfs.store.errors import StoreError
+from modelfs.store.formats.artifacts import recorded_source
 from modelfs.store.formats.quant import manifest_quantization
 from modelfs.store.manifest import ManifestList
 from modelfs.store.scan import DEFAULT_PREFER, Entry, StoreIndex, Variant
@@ -54,6 +55,7 @@ def _variant_record(
             "model_type": config.model_type if config else "",
             "file_type": config.file_type if config else "",
             "capabilities": list(config.capabilities) if config else [],
+            "source": recorded_source(config.extra) if config else None,
         },
         "layers": layers,
     }
@@ -183,6 +185,8 @@ def render(record: dict[str, Any]) -> str:
             f"{v['runner'] or 'model'}: {cfg['model_family'] or '?'} {cfg['model_type']} "
             f"{cfg['file_type']}".rstrip()
         )
+        if cfg["source"]:
+            out.append(f"  from the {cfg['source']['format']} artifact {cfg['source']['digest']}")
         rows = [["FILE", "MEDIA TYPE", "SIZE", "DIGEST"]]
         for layer in v["layers"]:
             rows.append(

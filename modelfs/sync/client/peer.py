@@ -119,17 +119,21 @@ class FetchedManifest:
         return self.media_type == MEDIA_LIST
 
 
-def repositories(name: Name) -> list[str]:
+def repositories(name: Name, url: str | None = None) -> list[str]:
     """The repository names to ask for a model, in order.
 
     A registry wants the lowercase OCI spelling that push uses (sync.registry_names); a
     modelfs peer looks names up case-insensitively either way. The plain form
-    (`name.repository`) follows when it differs (a host with a port).
+    (`name.repository`) follows when it differs (a host with a port). First, when the name's
+    host is the registry's at `url` (`ghcr.io/org/m` from https://ghcr.io), the repository
+    without the host, as other clients push it there.
     """
     out: list[str] = []
     try:
-        from modelfs.sync.wire.registry_names import repository_for
+        from modelfs.sync.wire.registry_names import own_repository, repository_for
 
+        own = own_repository(name, url) if url is not None else None
+        out += [own] if own is not None else []
         out.append(repository_for(name))
     except (ImportError, InvalidNameError):
         pass
@@ -278,7 +282,14 @@ class PeerClient:
         self._ssl = session.ssl_context
         self.proof_token = None if self.url in session.unproved else session.proof_token
         self.host_id: str | None = None  # what its last listing named its host (HOST_HEADER)
+        self._served: dict[Name, str] = {}  # the repository each name's manifest came from
         split_url(self.url)  # reject a bad URL now
+
+    def repositories(self, name: Name) -> list[str]:
+        """`repositories(name, self.url)`, the one that served the name's manifest first."""
+        out = repositories(name, self.url)
+        served = self._served.get(name)
+        return [served, *(r for r in out if r != served)] if served else out
 
     def _challenge(self, headers: dict[str, str]) -> str | None:
         """Ask the peer for a proof: a fresh nonce in `headers`, returned (None: no proof
@@ -324,9 +335,11 @@ class PeerClient:
         ref_text = str(ref)
         what = f"manifest {name.shortest}" if expect is None else f"manifest {ref_text}"
         last: PeerNotFoundError | None = None
-        for repo in repositories(name):
+        for repo in self.repositories(name):
             try:
-                return await self._manifest(repo, ref_text, what, expect)
+                fetched = await self._manifest(repo, ref_text, what, expect)
+                self._served[name] = repo
+                return fetched
             except PeerNotFoundError as exc:
                 last = exc
         assert last is not None
@@ -443,7 +456,7 @@ class PeerClient:
     async def blob(self, name: Name, digest: Digest, size: int) -> bytes:
         """A whole blob in memory (meant for small ones), checked for length and sha256."""
         last: PeerNotFoundError | None = None
-        for repo in repositories(name):
+        for repo in self.repositories(name):
             try:
                 return await self._blob(repo, digest, size)
             except PeerNotFoundError as exc:
@@ -509,7 +522,7 @@ class PeerClient:
         previous range, used when it goes to the same host.
         """
         last: PeerNotFoundError | None = None
-        for repo in repositories(name):
+        for repo in self.repositories(name):
             try:
                 return self._open_range(repo, digest, start, end, size, stop, conn)
             except PeerNotFoundError as exc:

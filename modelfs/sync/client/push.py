@@ -44,6 +44,7 @@ import trio
 from modelfs.store.digest import CHUNK, Digest
 from modelfs.store.disk.fileio import open_binary
 from modelfs.store.errors import CorruptBlobError, InvalidDigestError, MissingBlobError, StoreError
+from modelfs.store.formats.artifacts import OLLAMA, UnsupportedArtifactError, pack
 from modelfs.store.manifest import (
     MAX_MANIFEST_BYTES,
     MEDIA_MANIFEST,
@@ -65,7 +66,7 @@ from modelfs.sync.errors import (
 )
 from modelfs.sync.wire.ocirepr import MEDIA_CARRIER, encode_list
 from modelfs.sync.wire.protocol import DIGEST_HEADER
-from modelfs.sync.wire.registry_names import reference_for
+from modelfs.sync.wire.registry_names import own_repository, reference_for
 
 log = logging.getLogger(__name__)
 
@@ -188,16 +189,31 @@ def _manifest_blobs(
         out[ref.digest] = BlobSource(ref.digest, ref.size, what, path=index.layout.blob(ref.digest))
 
 
-def plan_model(index: StoreIndex, text: str) -> ModelPlan:
-    """What pushing one model sends; raises (StoreError, RegistryNameError) before any I/O."""
+def plan_model(
+    index: StoreIndex, text: str, fmt: str = OLLAMA, url: str | None = None
+) -> ModelPlan:
+    """What pushing one model (to the registry at `url`) sends, as an Ollama model or another
+    tool's artifact (store.formats.artifacts); raises (StoreError, RegistryNameError) before
+    any I/O. A name on that registry's own host goes where other clients put it
+    (`own_repository`)."""
     entry = index.lookup(parse_name(text))
     name = entry.name  # the spelling on disk: the tag keeps its case on the registry
     repository, tag = reference_for(name)
+    repository = (own_repository(name, url) if url else None) or repository
     blobs: dict[Digest, BlobSource] = {}
     top = entry.top
     if isinstance(top, Manifest):
         _manifest_blobs(index, name, top, name.shortest, blobs)
+        if fmt != OLLAMA:
+            packed = pack(top, index.config(top), fmt)
+            for digest, data in packed.blobs.items():
+                blobs.setdefault(digest, BlobSource(digest, len(data), fmt, data=data))
+            top = parse_manifest(packed.raw, f"{fmt} artifact of {name.shortest}")
         return ModelPlan(name, repository, tag, top, tuple(blobs.values()))
+    if fmt != OLLAMA:
+        raise UnsupportedArtifactError(
+            f"cannot push {name.shortest} as {fmt}: it is a manifest list; push one variant"
+        )
 
     children: list[ChildManifest] = []
     inline = {c.digest for c in top.children if c.inline is not None}

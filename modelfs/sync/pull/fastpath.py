@@ -51,7 +51,7 @@ from modelfs.sync.client.partial import (
     split,
     start_writeback,
 )
-from modelfs.sync.client.peer import PeerClient, repositories
+from modelfs.sync.client.peer import PeerClient
 from modelfs.sync.client.rawhttp import Conn, NeedsHttpx, RangeBody, TruncatedBodyError
 from modelfs.sync.client.threads import in_thread
 from modelfs.sync.errors import LocalWriteError, PeerError, local_error
@@ -442,7 +442,7 @@ async def _receive_httpx_range(
     peer: PeerClient, name: Name, t: Transfer, start: int, end: int
 ) -> None:
     what = f"blob {t.partial.digest}"
-    url = peer.blob_url(repositories(name)[0], t.partial.digest)
+    url = peer.blob_url(peer.repositories(name)[0], t.partial.digest)
     headers = {"Range": f"bytes={start}-{end - 1}", "Accept-Encoding": "identity"}
     pos = start
     buf: mmap.mmap | None = None

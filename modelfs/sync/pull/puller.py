@@ -36,6 +36,7 @@ from modelfs.runtime.leasing import LiveLease, leased
 from modelfs.store.blobs import BlobStore
 from modelfs.store.digest import Digest
 from modelfs.store.errors import StoreError
+from modelfs.store.formats.artifacts import check_artifact, land
 from modelfs.store.layout import Layout
 from modelfs.store.leases import LeaseKeeper
 from modelfs.store.manifest import Manifest, ManifestList
@@ -158,6 +159,7 @@ class Puller:
                 log.warning("%s: no peer has its %s variant (%s); skipped", label, runner, gone)
             manifests = [m for _, _, m in children]
         else:
+            check_artifact(parsed)  # an artifact modelfs cannot land: nothing fetched
             manifests = [parsed]
 
         # Every blob once, config first, in manifest order.
@@ -190,8 +192,10 @@ class Puller:
                     self.manifests.write_list, name, top.raw, parsed, children
                 )
             else:
+                # Another tool's model artifact becomes an Ollama manifest naming its blobs.
+                raw = await trio.to_thread.run_sync(land, self.store, parsed)
                 written = await trio.to_thread.run_sync(
-                    self.manifests.write_manifest, name, top.raw, had_v2
+                    self.manifests.write_manifest, name, raw, had_v2
                 )
         finally:
             lease.drop(roots)  # named by the manifest now (or the pull failed)

@@ -16,6 +16,9 @@ separators side by side or at the end, `:` in a host), so some names need a rule
 - The default host (`registry.ollama.ai`) is left out: `<ns>/<model>`. Any other host is the
   first of three components, `ollama.com` too: it is a host of its own in Ollama's names
   (ollama/ollama fb30760 types/model/name.go:231-249).
+- A name pushed to or pulled from **its own host's registry** is `<ns>/<model>` there
+  (`own_repository`; `docker.io` is served by registry-1.docker.io), as docker names images; a
+  pull then tries the three-component form too, where earlier versions pushed such a name.
 - **Case is folded to lowercase** in the repository. Ollama's own identity of a name is
   case-insensitive per part (`getExistingName`), so `SmolLM2` and `smollm2` are one model and
   this loses nothing Ollama distinguishes; the spelling on disk comes from the name given to
@@ -42,6 +45,7 @@ repository whose host is Ollama's default host reads as the 2-component one.
 from __future__ import annotations
 
 import re
+from urllib.parse import urlsplit
 
 from modelfs.store.errors import InvalidNameError
 from modelfs.store.names import DEFAULT_HOST, Name
@@ -88,6 +92,24 @@ def repository_for(name: Name) -> str:
             f"{len(repo)} characters, more than the {MAX_REPOSITORY} OCI allows"
         )
     return repo
+
+
+# Docker's own names: `docker.io/<ns>/<model>` is served by these hosts as `<ns>/<model>`.
+_HOST_ALIASES = {"docker.io": ("docker.io", "registry-1.docker.io", "index.docker.io")}
+
+
+def own_repository(name: Name, url: str) -> str | None:
+    """The repository a registry at `url` holds `name` under when the name's host is that
+    registry's own (`ghcr.io/org/m` on https://ghcr.io is `org/m`, `docker.io/ai/m` on
+    Docker Hub `ai/m`), as docker names images; None when the hosts differ."""
+    if name.is_default_host:
+        return None
+    u = urlsplit(url)
+    host = name.host.lower()
+    if (u.netloc.lower() or "-") not in _HOST_ALIASES.get(host, (host,)):
+        return None
+    repo = f"{_component(name.namespace, 'namespace', name)}/"
+    return repo + _component(name.model, "model", name)
 
 
 def tag_for(name: Name) -> str:

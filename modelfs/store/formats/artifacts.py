@@ -1,0 +1,460 @@
+"""OCI model artifacts of other tools (Docker Model Runner, CNCF ModelPack), landed as Ollama
+models.
+
+    artifact_kind(manifest) -> OLLAMA | DOCKER_MODEL | MODELPACK    (UnknownArtifactError)
+    land(store, manifest) -> the Ollama manifest's bytes   (its config and params blobs written)
+    pack(manifest, config, fmt) -> Packed(raw, blobs)     an Ollama model as such an artifact
+
+A pulled manifest that is not Ollama's own is translated once its blobs are here: the weight
+layers keep their digests (the artifact's own blobs, never copied or re-encoded, so a blob
+shared with an Ollama model is stored once) under Ollama's media types, and a config blob
+Ollama reads (ConfigV2, ollama/ollama@fb30760 types/model/config.go) is written beside them.
+Ollama's GetModel (server/images.go:711-786 at that commit) switches on a layer's media type and
+skips the ones it does not know, and Go's JSON decoder skips unknown config fields, so:
+
+- the source artifact's config blob stays in the manifest as a layer of its own media type
+  (our GC keeps it, a re-pull of the unchanged artifact finds every blob here and fetches
+  nothing, and a push can give it back byte for byte);
+- a Jinja chat template stays under its own media type: Ollama's `template` layer is a Go
+  template (`template.Parse`, images.go:741-751), which a Jinja text is not; the GGUF carries
+  its own `tokenizer.chat_template`, which Ollama reads;
+- the config records the source in `modelfs_source`: the artifact's manifest digest, media type
+  and artifact type (`modelfs show` and the history see where the model came from).
+
+`pack` is the way out: the layers Ollama's and the format's types both name (GGUF weights,
+projector, license) are given the format's type, the others keep Ollama's; the Ollama config
+blob and the Ollama manifest's own bytes travel as two more layers, so that `land` gives back
+the identical Ollama model (those bytes, verbatim) when all the blobs they name came along.
+
+The formats, as their own repositories define them:
+
+Docker Model Runner, docker/model-runner@642c72117b2431a6b871796883af1aaf013fc3cf:
+pkg/distribution/types/config.go (media types, the config's JSON fields), and
+pkg/distribution/internal/partial/partial.go ManifestForLayers (an OCI image manifest, config
+media type `...model.config.v0.1+json` unless the model says otherwise, no artifactType).
+
+CNCF ModelPack, modelpack/model-spec@d78bf3231b4f26196c4a955e1007ccc47e19a77c:
+docs/spec.md (manifest: OCI media type, artifactType and config media type required; layer
+media types), specs-go/v1/mediatype.go, specs-go/v1/config.go (the config's JSON fields),
+specs-go/v1/annotations.go (`org.cncf.model.filepath`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from modelfs.store.blobs import BlobStore
+from modelfs.store.digest import Digest
+from modelfs.store.errors import ManifestError
+from modelfs.store.manifest import (
+    MEDIA_CONFIG,
+    MEDIA_MANIFEST,
+    MEDIA_OCI_MANIFEST,
+    Manifest,
+    ModelConfig,
+    go_marshal,
+    parse_config,
+    parse_manifest,
+)
+
+OLLAMA = "ollama"
+DOCKER_MODEL = "docker-model"
+MODELPACK = "modelpack"
+
+# Docker Model Runner: pkg/distribution/types/config.go
+DMR_CONFIG_V01 = "application/vnd.docker.ai.model.config.v0.1+json"
+DMR_CONFIG_V02 = "application/vnd.docker.ai.model.config.v0.2+json"
+DMR_GGUF = "application/vnd.docker.ai.gguf.v3"
+DMR_SAFETENSORS = "application/vnd.docker.ai.safetensors"
+DMR_LICENSE = "application/vnd.docker.ai.license"
+DMR_MMPROJ = "application/vnd.docker.ai.mmproj"
+DMR_CHAT_TEMPLATE = "application/vnd.docker.ai.chat.template.jinja"
+DMR_CONFIGS = (DMR_CONFIG_V01, DMR_CONFIG_V02)
+
+# ModelPack: specs-go/v1/mediatype.go
+MP_ARTIFACT = "application/vnd.cncf.model.manifest.v1+json"
+MP_CONFIG = "application/vnd.cncf.model.config.v1+json"
+MP_WEIGHT_RAW = "application/vnd.cncf.model.weight.v1.raw"
+MP_WEIGHT_CONFIG_RAW = "application/vnd.cncf.model.weight.config.v1.raw"
+MP_DOC_RAW = "application/vnd.cncf.model.doc.v1.raw"
+MP_PREFIX = "application/vnd.cncf.model."
+# Read by Docker Model Runner, not in the spec (docker/model-runner, pkg/distribution/
+# modelpack/types.go: "a DMR extension ... kept for read-compatibility").
+MP_WEIGHT_GGUF = "application/vnd.cncf.model.weight.v1.gguf"
+MP_WEIGHT_SAFETENSORS = "application/vnd.cncf.model.weight.v1.safetensors"
+# specs-go/v1/annotations.go AnnotationFilepath (docker/model-runner uses the same key)
+ANNOTATION_FILEPATH = "org.cncf.model.filepath"
+
+# Ollama's own: ollama/ollama@fb30760 server/images.go:711-786
+OLLAMA_MODEL = "application/vnd.ollama.image.model"
+OLLAMA_PROJECTOR = "application/vnd.ollama.image.projector"
+OLLAMA_LICENSE = "application/vnd.ollama.image.license"
+OLLAMA_PARAMS = "application/vnd.ollama.image.params"
+# Config media types of manifests Ollama (and modelfs) write: Docker's, and the OCI one.
+_OLLAMA_CONFIGS = (MEDIA_CONFIG, "application/vnd.oci.image.config.v1+json")
+
+SOURCE_KEY = "modelfs_source"
+
+
+class UnknownArtifactError(ManifestError):
+    """A manifest that is neither an Ollama model nor an artifact format modelfs knows."""
+
+
+class UnsupportedArtifactError(ManifestError):
+    """A known artifact format whose layers modelfs cannot (yet) land as an Ollama model."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Top:
+    artifact_type: str
+    media_type: str
+
+
+def _top(manifest: Manifest) -> _Top:
+    try:
+        obj = json.loads(manifest.raw)
+    except ValueError:
+        obj = {}
+    at = obj.get("artifactType") if isinstance(obj, dict) else None
+    return _Top(at if isinstance(at, str) else "", manifest.media_type)
+
+
+def _describe(manifest: Manifest, top: _Top) -> str:
+    config = manifest.config.media_type if manifest.config else "none"
+    layers = ", ".join(dict.fromkeys(layer.media_type for layer in manifest.layers)) or "none"
+    return f"artifactType {top.artifact_type or 'none'}, config {config}, layers {layers}"
+
+
+def artifact_kind(manifest: Manifest) -> str:
+    """Which format a pulled plain manifest is in; an unknown one is an error naming its
+    artifactType and media types (raised before anything is fetched or written)."""
+    top = _top(manifest)
+    config = manifest.config.media_type if manifest.config else ""
+    if top.artifact_type == MP_ARTIFACT or config == MP_CONFIG:
+        return MODELPACK
+    if config in DMR_CONFIGS:
+        return DOCKER_MODEL
+    if not top.artifact_type and config in ("", *_OLLAMA_CONFIGS):
+        return OLLAMA
+    raise UnknownArtifactError(
+        f"manifest {manifest.digest.short} is not a model modelfs knows "
+        f"({_describe(manifest, top)})"
+    )
+
+
+def check_artifact(manifest: Manifest) -> str:
+    """`artifact_kind`, and for another tool's artifact the refusals its manifest alone
+    decides (before anything is fetched): layers that are not landed yet."""
+    kind = artifact_kind(manifest)
+    if kind == OLLAMA:
+        return kind
+    what = f"{kind} artifact {manifest.digest.short}"
+    for layer in manifest.layers:
+        media = layer.media_type
+        if media in (DMR_SAFETENSORS, MP_WEIGHT_SAFETENSORS):
+            raise UnsupportedArtifactError(
+                f"{what}: safetensors weights ({media}) are not landed as an Ollama model yet"
+            )
+        if media.startswith(MP_PREFIX) and ".tar" in media:
+            raise UnsupportedArtifactError(
+                f"{what}: tar layers ({media}) are not unpacked yet; raw layers are"
+            )
+    ggufs = sum(x.media_type in (DMR_GGUF, MP_WEIGHT_GGUF) for x in manifest.layers)
+    _one_gguf(ggufs, what)
+    if kind == DOCKER_MODEL and not ggufs:  # DDUF, a vLLM bundle, …
+        raise UnsupportedArtifactError(
+            f"{what}: no GGUF weights ({_describe(manifest, _top(manifest))})"
+        )
+    return kind
+
+
+def _one_gguf(count: int, what: str) -> None:
+    """A sharded GGUF is refused: Ollama runs one `model` layer (GetModel keeps the last,
+    server/images.go:717-718 at fb30760), and its own create merges shards into a new blob
+    (server/create.go mergeSplitGGUFLayers), which would not be the artifact's bytes."""
+    if count > 1:
+        raise UnsupportedArtifactError(
+            f"{what}: a GGUF in {count} shards is not landed as an Ollama model yet"
+        )
+
+
+def _text(obj: dict[str, Any], key: str) -> str:
+    value = obj.get(key)
+    return value if isinstance(value, str) else ""
+
+
+@dataclass(frozen=True, slots=True)
+class _Facts:
+    """What the source config says, in Ollama's terms."""
+
+    fmt: str
+    family: str
+    params: str
+    quant: str
+    context: int | None
+
+
+def _dmr_facts(cfg: dict[str, Any]) -> _Facts:
+    inner = cfg.get("config")
+    inner = inner if isinstance(inner, dict) else {}
+    ctx = inner.get("context_size")
+    return _Facts(
+        _text(inner, "format"),
+        _text(inner, "architecture"),
+        _text(inner, "parameters"),
+        _text(inner, "quantization"),
+        ctx if isinstance(ctx, int) and not isinstance(ctx, bool) and ctx > 0 else None,
+    )
+
+
+def _modelpack_facts(cfg: dict[str, Any]) -> _Facts:
+    inner = cfg.get("config")
+    inner = inner if isinstance(inner, dict) else {}
+    desc = cfg.get("descriptor")
+    desc = desc if isinstance(desc, dict) else {}
+    # The spec's `architecture` is "transformer, cnn, ..."; the family (llama3, qwen2) is the
+    # descriptor's.
+    return _Facts(
+        _text(inner, "format"),
+        _text(desc, "family"),
+        _text(inner, "paramSize"),
+        _text(inner, "quantization"),
+        None,
+    )
+
+
+def _filepath(layer_obj: dict[str, Any]) -> str:
+    ann = layer_obj.get("annotations")
+    return _text(ann, ANNOTATION_FILEPATH) if isinstance(ann, dict) else ""
+
+
+def _ollama_type(kind: str, layer_obj: dict[str, Any], fmt: str, what: str) -> str | None:
+    """Ollama's media type for one source layer; None: kept under its own type (Ollama skips
+    it). Weights Ollama cannot run as they are are refused."""
+    media = _text(layer_obj, "mediaType")
+    path = _filepath(layer_obj).lower()
+    if kind == DOCKER_MODEL:
+        if media == DMR_GGUF:
+            return OLLAMA_MODEL
+        if media == DMR_MMPROJ:
+            return OLLAMA_PROJECTOR
+        if media == DMR_LICENSE:
+            return OLLAMA_LICENSE
+        return None
+    if media == MP_WEIGHT_RAW and _base(path).startswith("mmproj"):
+        return OLLAMA_PROJECTOR
+    if media == MP_WEIGHT_GGUF or (
+        media == MP_WEIGHT_RAW and (fmt.lower() == "gguf" or path.endswith(".gguf"))
+    ):
+        return OLLAMA_MODEL
+    if media == MP_WEIGHT_RAW:
+        raise UnsupportedArtifactError(
+            f"{what}: {path or 'a weight layer'} ({media}, format {fmt or 'unset'}) is not GGUF; "
+            "only GGUF weights are landed as an Ollama model yet"
+        )
+    if media == MP_DOC_RAW and _base(path).startswith(("license", "licence")):
+        return OLLAMA_LICENSE
+    return None
+
+
+def _base(path: str) -> str:
+    return path.rsplit("/", 1)[-1]
+
+
+def _descriptor(media: str, digest: Digest, size: int) -> dict[str, Any]:
+    return {"mediaType": media, "digest": str(digest), "size": size}
+
+
+def land(store: BlobStore, manifest: Manifest) -> bytes:
+    """The Ollama manifest for a Docker Model Runner or ModelPack artifact whose blobs are all
+    in `store`: its config blob (and a params blob for a context size) written here first;
+    the same artifact always gives the same bytes."""
+    kind = check_artifact(manifest)
+    if kind == OLLAMA:
+        return manifest.raw
+    what = f"{kind} artifact {manifest.digest.short}"
+    embedded = _embedded(store, manifest)
+    if embedded is not None:
+        return embedded
+    if manifest.config is None:
+        raise ManifestError(f"{what}: no config")
+    src_cfg = manifest.config
+    cfg = parse_config(store.layout.blob(src_cfg.digest).read_bytes(), f"{what}: config").extra
+    facts = _dmr_facts(cfg) if kind == DOCKER_MODEL else _modelpack_facts(cfg)
+    # parse_manifest has read these bytes: a JSON object with a list of layer objects.
+    layers_obj = json.loads(manifest.raw)["layers"]
+
+    models: list[dict[str, Any]] = []
+    others: list[dict[str, Any]] = []
+    kept: list[dict[str, Any]] = []
+    for layer, obj in zip(manifest.layers, layers_obj, strict=True):
+        media = _ollama_type(kind, obj, facts.fmt, what)
+        if media is None:
+            kept.append(_descriptor(layer.media_type, layer.digest, layer.size))
+        else:
+            (models if media == OLLAMA_MODEL else others).append(
+                _descriptor(media, layer.digest, layer.size)
+            )
+    _one_gguf(len(models), what)
+    if not models:
+        raise UnsupportedArtifactError(
+            f"{what}: no GGUF weights ({_describe(manifest, _top(manifest))})"
+        )
+    if facts.context is not None:
+        params = go_marshal({"num_ctx": facts.context})
+        others.append(_descriptor(OLLAMA_PARAMS, store.put_bytes(params), len(params)))
+    kept.append(_descriptor(src_cfg.media_type, src_cfg.digest, src_cfg.size))
+
+    config_raw = go_marshal(_config_v2(facts, manifest, kind))
+    config_digest = store.put_bytes(config_raw)
+    return go_marshal(
+        {
+            "schemaVersion": 2,
+            "mediaType": MEDIA_MANIFEST,
+            "config": _descriptor(MEDIA_CONFIG, config_digest, len(config_raw)),
+            "layers": [*models, *others, *kept],
+        }
+    )
+
+
+def _config_v2(facts: _Facts, manifest: Manifest, kind: str) -> dict[str, Any]:
+    """Ollama's ConfigV2 in its Go field order (types/model/config.go at fb30760), with the
+    source recorded after it (unknown to Ollama's decoder, so skipped)."""
+    top = _top(manifest)
+    source: dict[str, Any] = {"format": kind, "digest": str(manifest.digest)}
+    source["mediaType"] = top.media_type
+    if top.artifact_type:
+        source["artifactType"] = top.artifact_type
+    return {
+        "model_format": "gguf",
+        "model_family": facts.family,
+        "model_families": [facts.family] if facts.family else None,
+        "model_type": facts.params,
+        "file_type": facts.quant,
+        "architecture": "amd64",
+        "os": "linux",
+        SOURCE_KEY: source,
+    }
+
+
+def _embedded(store: BlobStore, manifest: Manifest) -> bytes | None:
+    """The Ollama manifest `pack` put in the artifact, if every blob it names came along."""
+    carried = [x for x in manifest.layers if x.media_type == MEDIA_MANIFEST]
+    if len(carried) != 1:
+        return None
+    raw = store.layout.blob(carried[0].digest).read_bytes()
+    try:
+        inner = parse_manifest(raw, f"blob {carried[0].digest}")
+    except ManifestError:
+        return None
+    present = {x.digest for x in manifest.layers}
+    if not isinstance(inner, Manifest) or not set(inner.blob_sizes()) <= present:
+        return None
+    return raw
+
+
+@dataclass(frozen=True, slots=True)
+class Packed:
+    """An artifact for a registry: its manifest, and the blobs it names that the store does not
+    hold (its config, the carried Ollama manifest); the others are the Ollama model's."""
+
+    raw: bytes
+    blobs: dict[Digest, bytes]
+
+
+_PACKED_TYPES = {
+    DOCKER_MODEL: {
+        OLLAMA_MODEL: DMR_GGUF,
+        OLLAMA_PROJECTOR: DMR_MMPROJ,
+        OLLAMA_LICENSE: DMR_LICENSE,
+    },
+    MODELPACK: {
+        OLLAMA_MODEL: MP_WEIGHT_RAW,
+        OLLAMA_PROJECTOR: MP_WEIGHT_RAW,
+        OLLAMA_LICENSE: MP_DOC_RAW,
+    },
+}
+# ModelPack names a raw layer's file (specs-go/v1/annotations.go); the names the mount gives.
+_PACKED_PATHS = {
+    OLLAMA_MODEL: "model.gguf",
+    OLLAMA_PROJECTOR: "mmproj.gguf",
+    OLLAMA_LICENSE: "LICENSE",
+}
+
+
+def pack(manifest: Manifest, config: ModelConfig | None, fmt: str) -> Packed:
+    """`manifest` (a plain Ollama GGUF model) as a `fmt` artifact (DOCKER_MODEL, MODELPACK)."""
+    label = f"manifest {manifest.digest.short}"
+    if config is None or manifest.config is None:
+        raise UnsupportedArtifactError(f"{label}: no config blob to describe the model with")
+    if [x.media_type for x in manifest.layers].count(OLLAMA_MODEL) != 1 or (
+        config.model_format not in ("", "gguf")
+    ):
+        raise UnsupportedArtifactError(
+            f"{label}: only a model of one GGUF layer is pushed as {fmt} yet"
+        )
+    types = _PACKED_TYPES[fmt]
+    layers: list[dict[str, Any]] = []
+    seen: dict[str, int] = {}
+    for layer in manifest.layers:
+        d = _descriptor(types.get(layer.media_type, layer.media_type), layer.digest, layer.size)
+        if fmt == MODELPACK and layer.media_type in _PACKED_PATHS:
+            n = seen[layer.media_type] = seen.get(layer.media_type, 0) + 1
+            path = _PACKED_PATHS[layer.media_type] + (f"-{n}" if n > 1 else "")
+            d["annotations"] = {ANNOTATION_FILEPATH: path}
+        layers.append(d)
+    layers.append(_descriptor(MEDIA_CONFIG, manifest.config.digest, manifest.config.size))
+    layers.append(_descriptor(MEDIA_MANIFEST, manifest.digest, len(manifest.raw)))
+    diff_ids = [d["digest"] for d in layers]
+    if fmt == DOCKER_MODEL:
+        # types/config.go ConfigFile; builder/builder.go:152-155 (rootfs type "rootfs")
+        facts = {"format": "gguf", "quantization": config.file_type}
+        facts |= {"parameters": config.model_type, "architecture": config.model_family}
+        cfg: dict[str, Any] = {
+            "config": {k: v for k, v in facts.items() if v},
+            "descriptor": {},
+            "rootfs": {"type": "rootfs", "diff_ids": diff_ids},
+        }
+        top: dict[str, Any] = {"schemaVersion": 2, "mediaType": MEDIA_OCI_MANIFEST}
+        config_type = DMR_CONFIG_V01
+    else:
+        # specs-go/v1/config.go Model; docs/spec.md (artifactType, config media type)
+        facts = {"format": "gguf", "paramSize": config.model_type}
+        facts["quantization"] = config.file_type
+        cfg = {
+            "descriptor": {"family": config.model_family} if config.model_family else {},
+            "config": {k: v for k, v in facts.items() if v},
+            "modelfs": {"type": "layers", "diffIds": diff_ids},
+        }
+        top = {"schemaVersion": 2, "mediaType": MEDIA_OCI_MANIFEST, "artifactType": MP_ARTIFACT}
+        config_type = MP_CONFIG
+    config_raw = go_marshal(cfg)
+    top["config"] = _descriptor(config_type, Digest.of_bytes(config_raw), len(config_raw))
+    top["layers"] = layers
+    blobs = {Digest.of_bytes(config_raw): config_raw, manifest.digest: manifest.raw}
+    return Packed(go_marshal(top), blobs)
+
+
+def recorded_source(config: dict[str, Any]) -> dict[str, str] | None:
+    """The source artifact a landed model's config records (`land`), or None."""
+    source = config.get(SOURCE_KEY)
+    if not isinstance(source, dict) or not isinstance(source.get("digest"), str):
+        return None
+    return {k: v for k, v in source.items() if isinstance(v, str)}
+
+
+__all__ = [
+    "DOCKER_MODEL",
+    "MODELPACK",
+    "OLLAMA",
+    "Packed",
+    "UnknownArtifactError",
+    "UnsupportedArtifactError",
+    "artifact_kind",
+    "check_artifact",
+    "land",
+    "pack",
+    "recorded_source",
+]
