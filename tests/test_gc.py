@@ -565,7 +565,7 @@ def test_a_step_the_filesystem_refuses_is_one_line_not_a_traceback(store: TinySt
     rc, report, err = gc(store, "--grace", "0", "--grace-below-floor")
     assert rc == 1 and "Traceback" not in err
     assert report["errors"] and "nothing moved to trash" in report["errors"][0]
-    assert err.strip().splitlines()[-1].startswith("modelfs: error: gc: 1 step(s) failed")
+    assert err.strip().splitlines()[-1].startswith("modelfs: error: gc: 1 step failed")
 
 
 async def test_a_blob_wanted_while_gc_moves_it_is_put_back(

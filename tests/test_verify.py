@@ -28,7 +28,7 @@ from modelfs.store.layout import Layout
 from modelfs.store.leases import LeaseKeeper
 from modelfs.store.names import parse_name
 from modelfs.store.scan import scan_store
-from modelfs.store.units import human_bytes
+from modelfs.store.units import counted, human_bytes
 from modelfs.sync.daemon.verify import VerifyOptions, run_verify
 from tests.builders import TinyStore
 from tests.mounting import fuse, mounted
@@ -256,7 +256,7 @@ def test_orphans_are_reported_with_bytes_and_do_not_fail(tmp_path: Path) -> None
     }
     rc, text = verify_text(m.root)
     assert rc == 0
-    assert "ORPHANED    2 blob(s), 305 KB" in text
+    assert "ORPHANED    2 blobs, 305 KB" in text
 
 
 def blobs_of(root: Path, name: str) -> set[str]:
@@ -300,7 +300,7 @@ def test_orphans_gc_keeps_are_told_apart_from_those_it_reclaims(tmp_path: Path) 
     assert rc == 0
     n = len(kept)
     assert (
-        f"ORPHANED    {n} blob(s)" in text
+        f"ORPHANED    {counted(n, 'blob')}," in text
         and f"`modelfs gc` reclaims 1 (17 B), keeps {n - 1}" in text
     )
     assert "ORPHANED (gc reclaims them)" not in text

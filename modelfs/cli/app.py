@@ -106,7 +106,7 @@ history, a live lease, younger than the grace; the fix for a misnamed blob is pr
 
 Corrupt blobs are moved to <store>/.modelfs/quarantine/ and are then no longer served by a mount
 or `modelfs serve`. With --repair-from, each corrupt or missing blob is fetched again from the
-peer(s), verified, and its quarantined copy deleted.
+peers, verified, and its quarantined copy deleted.
 
 Cache: <store>/.modelfs/verify/cache.json records, for each blob that passed a full check, its
 inode, size, mtime and xxh3. A full run hashes every blob with sha256 (and xxh3). --quick

@@ -251,13 +251,15 @@ def cmd_gc(args: argparse.Namespace) -> int:
         _print(render_gc(report))
     if report.refused:
         raise UserError(
-            f"gc refused: {len(report.refused)} file(s) cannot be read, so nothing was deleted "
-            f"(first: {report.refused[0]})"
+            f"gc refused: {counted(len(report.refused), 'file')} cannot be read, so nothing was "
+            f"deleted (first: {report.refused[0]})"
         )
     if report.aborted:
         raise UserError(f"gc stopped: {report.aborted}")
     if report.errors:
-        raise UserError(f"gc: {len(report.errors)} step(s) failed (first: {report.errors[0]})")
+        raise UserError(
+            f"gc: {counted(len(report.errors), 'step')} failed (first: {report.errors[0]})"
+        )
     return 0
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from modelfs.store.collect.gc import FileItem, GcPlan
-from modelfs.store.units import format_duration, human_bytes
+from modelfs.store.units import counted, format_duration, human_bytes
 from modelfs.sync.daemon.gc import GcReport
 
 
@@ -20,7 +20,7 @@ def render_gc(report: GcReport) -> str:
     lines = [
         f"gc of {report.store} on {report.host}{' (dry run: nothing changed)' if would else ''}: "
         f"{plan.manifests} manifests, {plan.blobs} blobs ({plan.referenced} referenced), "
-        f"{plan.leases_live} live lease(s), {plan.leases_expired} expired"
+        f"{counted(plan.leases_live, 'live lease')}, {plan.leases_expired} expired"
     ]
     if report.refused:
         lines.append("refused, nothing deleted; these cannot be read:")

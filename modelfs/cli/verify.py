@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from modelfs.store.collect.verify_report import Owner, Report
-from modelfs.store.units import human_bytes
+from modelfs.store.units import counted, human_bytes
 
 LIST_AT_MOST = 20  # orphans and strays beyond this are summed, not listed
 
@@ -55,7 +55,8 @@ def render(report: Report) -> str:
         reclaim = report.reclaimable
         kept = len(report.orphaned) - len(reclaim)
         out.append(
-            f"ORPHANED    {len(report.orphaned)} blob(s), {human_bytes(report.orphaned_bytes)}, "
+            f"ORPHANED    {counted(len(report.orphaned), 'blob')}, "
+            f"{human_bytes(report.orphaned_bytes)}, "
             f"named by no manifest: `modelfs gc` reclaims {len(reclaim)} "
             f"({human_bytes(sum(s for _, s in reclaim))}), keeps {kept} for now (why, below)"
             + ("; some may belong to the bad manifests above" if report.bad_manifests else "")
@@ -76,7 +77,7 @@ def render(report: Report) -> str:
                 out.append(f"              kept: {len(sizes)} ({human_bytes(sum(sizes))}): {why}")
     if report.stray:
         out.append(
-            f"STRAY       {len(report.stray)} file(s), {human_bytes(report.stray_bytes)}, "
+            f"STRAY       {counted(len(report.stray), 'file')}, {human_bytes(report.stray_bytes)}, "
             "neither blobs nor manifests (left alone)"
         )
         for path, stray_size, stray_why in report.stray[:LIST_AT_MOST]:
@@ -92,7 +93,7 @@ def render(report: Report) -> str:
     if report.quarantine:
         total = sum(size for _, size in report.quarantine)
         out.append(
-            f"QUARANTINE  {len(report.quarantine)} file(s), {human_bytes(total)}, in "
+            f"QUARANTINE  {counted(len(report.quarantine), 'file')}, {human_bytes(total)}, in "
             f"{report.root}/.modelfs/quarantine (never served; delete them when done)"
         )
     if not report.cache_written:

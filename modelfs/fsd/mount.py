@@ -277,7 +277,7 @@ class Mount:
         tree = self.ops.tree
         made = await trio.to_thread.run_sync(tree.make_views)
         if made:
-            log.debug("%d llama.cpp view(s) made", made)
+            log.debug("%s made", counted(made, "llama.cpp view"))
 
     async def _signals(self) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:

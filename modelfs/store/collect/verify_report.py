@@ -36,7 +36,7 @@ from modelfs.store.layout import Layout
 from modelfs.store.leases import read_leases
 from modelfs.store.names import Name
 from modelfs.store.scan import STRAY_KINDS, StoreIndex
-from modelfs.store.units import format_duration
+from modelfs.store.units import counted, format_duration
 
 # -- what manifests say ------------------------------------------------------------------------
 
@@ -229,7 +229,7 @@ class Report:
         if n := len({m.digest for m in self.missing if not m.repaired}):
             out.append(f"{n} missing")
         if self.bad_manifests:
-            out.append(f"{len(self.bad_manifests)} bad manifest(s)")
+            out.append(counted(len(self.bad_manifests), "bad manifest"))
         return out
 
     @property

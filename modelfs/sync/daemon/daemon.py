@@ -48,6 +48,7 @@ from modelfs.store.leases import HEARTBEAT, LeaseKeeper
 from modelfs.store.names import Name, parse_name
 from modelfs.store.scan import StoreIndex, child_runner
 from modelfs.store.tagid import TagId, tag_ids
+from modelfs.store.units import counted
 from modelfs.sync.client.credentials import Logins, read_credentials
 from modelfs.sync.client.peer import peer_session
 from modelfs.sync.client.threads import run_unwrapped
@@ -162,8 +163,8 @@ class Daemon:
         self._transfer_slots.total_tokens = self.config.max_transfers
         self._sync_peers()
         log.info(
-            "reload: %d peer(s), replicate %s",
-            len(self.config.sources),
+            "reload: %s, replicate %s",
+            counted(len(self.config.sources), "peer"),
             list(self.config.replicate),
         )
         self._reckon()
@@ -372,7 +373,7 @@ class Daemon:
             transfer = self.transfers[name] = Transfer(name, digest, sources)
             assert self._nursery is not None
             self._nursery.start_soon(self._pull, transfer)
-        status = f"serving on {self.url}; {len(local)} model(s); round {self.rounds}"
+        status = f"serving on {self.url}; {counted(len(local), 'model')}; round {self.rounds}"
         if todo:
             status += f": {len(todo)} behind, {len(self.transfers)} in flight"
         sd_notify(f"STATUS={status}")
@@ -478,11 +479,11 @@ class Daemon:
             if peer is not None:
                 peer.blobs_in += result.fetched
             log.info(
-                "replicated %s %s from %s: %d blob(s), %d bytes",
+                "replicated %s %s from %s: %s, %d bytes",
                 name,
                 shown,
                 sources[0],
-                result.fetched,
+                counted(result.fetched, "blob"),
                 result.fetched_bytes,
             )
         self.wake()  # the peers may have moved on meanwhile

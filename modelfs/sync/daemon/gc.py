@@ -35,6 +35,7 @@ from modelfs.store.collect.gc import (
 from modelfs.store.layout import Layout
 from modelfs.store.lockfile import LockFile, host_id
 from modelfs.store.scan import Problem
+from modelfs.store.units import counted
 
 log = logging.getLogger(__name__)
 
@@ -222,7 +223,7 @@ class _Run:
         returned = {i.digest for i, ok in zip(back, done, strict=True) if ok}
         self.report.trashed = [i for i in moved if i.digest not in returned]
         self.report.changed += [i for i in back if i.digest in returned]
-        log.info("gc: %d blob(s) wanted again while moving; put back", len(returned))
+        log.info("gc: %s wanted again while moving; put back", counted(len(returned), "blob"))
 
     async def remove_emptied(self, items: Sequence[FileItem]) -> None:
         emptied = {i.path.parent for i in items}
@@ -314,10 +315,10 @@ async def run_gc(
             await trio.to_thread.run_sync(lock.release)
     report.finished = time.time()
     log.info(
-        "gc: %d blob(s) to trash, %d pending, %d temp file(s), %d purged, %d restored%s",
-        len(report.trashed),
+        "gc: %s to trash, %d pending, %s, %d purged, %d restored%s",
+        counted(len(report.trashed), "blob"),
         len(report.plan.pending) if report.plan else 0,
-        len(report.temps),
+        counted(len(report.temps), "temp file"),
         len(report.purged),
         len(report.restored),
         "" if report.ok else " (stopped short)",

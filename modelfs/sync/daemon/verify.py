@@ -49,7 +49,7 @@ from modelfs.store.collect.verify_report import Corrupt, Owner, Repair, Report, 
 from modelfs.store.digest import Digest, is_blob_name
 from modelfs.store.layout import Layout
 from modelfs.store.scan import scan_store
-from modelfs.store.units import human_bytes
+from modelfs.store.units import counted, human_bytes
 from modelfs.sync.client.credentials import Credentials
 from modelfs.sync.client.threads import in_thread, run_unwrapped
 from modelfs.sync.errors import SyncError
@@ -334,7 +334,7 @@ async def _repair(
     from modelfs.sync.pull.options import PullOptions
     from modelfs.sync.pull.puller import Puller, peer_clients, pull_lease
 
-    log.info("fetching %d blob(s) from %s", len(wanted), ", ".join(options.repair_from))
+    log.info("fetching %s from %s", counted(len(wanted), "blob"), ", ".join(options.repair_from))
     pull = (
         PullOptions()
         if options.read_timeout is None

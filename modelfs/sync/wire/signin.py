@@ -56,6 +56,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import load_ssh_public_key
 
 from modelfs.store.disk.fileio import read_file
+from modelfs.store.units import counted
 from modelfs.sync.errors import SyncError
 from modelfs.sync.wire.realm import Realm
 
@@ -176,7 +177,7 @@ class AuthorizedKeys:
                 log.warning("%s: %s; no key is accepted", self.path, exc.strerror)
                 self._stat, self._keys = _stat_key(st), {}
             else:
-                log.info("%s: %d key(s)", self.path, len(self._keys))
+                log.info("%s: %s", self.path, counted(len(self._keys), "key"))
         return self._keys
 
 
