@@ -94,6 +94,7 @@ from modelfs.sync.wire.protocol import (
     MAX_HOST_ID,
     NAMES_FIELD,
 )
+from modelfs.sync.wire.registry_names import repositories
 from modelfs.sync.wire.signin import PROOF_HEADER, PROOF_NONCE_HEADER, new_nonce, proof_ok
 
 log = logging.getLogger(__name__)
@@ -117,29 +118,6 @@ class FetchedManifest:
     @property
     def is_list(self) -> bool:
         return self.media_type == MEDIA_LIST
-
-
-def repositories(name: Name, url: str | None = None) -> list[str]:
-    """The repository names to ask for a model, in order.
-
-    A registry wants the lowercase OCI spelling that push uses (sync.registry_names); a
-    modelfs peer looks names up case-insensitively either way. The plain form
-    (`name.repository`) follows when it differs (a host with a port). First, when the name's
-    host is the registry's at `url` (`ghcr.io/org/m` from https://ghcr.io), the repository
-    without the host, as other clients push it there.
-    """
-    out: list[str] = []
-    try:
-        from modelfs.sync.wire.registry_names import own_repository, repository_for
-
-        own = own_repository(name, url) if url is not None else None
-        out += [own] if own is not None else []
-        out.append(repository_for(name))
-    except (ImportError, InvalidNameError):
-        pass
-    if name.repository not in out:
-        out.append(name.repository)
-    return out
 
 
 def _next_link(header: str | None, base: str) -> str | None:

@@ -80,7 +80,6 @@ from modelfs.sync.client.peer import (
     PeerClient,
     PeerSession,
     peer_session,
-    repositories,
 )
 from modelfs.sync.client.rawhttp import NeedsHttpx, TruncatedBodyError
 from modelfs.sync.client.threads import in_thread
@@ -88,6 +87,7 @@ from modelfs.sync.errors import PeerLiedError, PeerNotFoundError, SyncError
 from modelfs.sync.pull.manifests import ManifestWriter, existing_name
 from modelfs.sync.pull.transfer import blob_ok, open_partial, promote
 from modelfs.sync.wire.protocol import name_from_repository
+from modelfs.sync.wire.registry_names import repositories
 
 log = logging.getLogger(__name__)
 

@@ -146,3 +146,24 @@ def name_for(repository: str, tag: str) -> Name:
         raise RegistryNameError(
             f"repository {repository!r} tag {tag!r} is not an Ollama model name ({exc})"
         ) from None
+
+
+def repositories(name: Name, url: str | None = None) -> list[str]:
+    """The repository names to ask a peer or registry for a model, in order.
+
+    First, when the name's host is the registry's at `url` (`ghcr.io/org/m` from
+    https://ghcr.io), the repository without the host, as other clients push it there. Then the
+    lowercase OCI spelling that push uses (`repository_for`); a modelfs peer looks names up
+    case-insensitively either way. The plain form (`name.repository`) follows when it differs
+    (a host with a port).
+    """
+    out: list[str] = []
+    try:
+        own = own_repository(name, url) if url is not None else None
+        out += [own] if own is not None else []
+        out.append(repository_for(name))
+    except InvalidNameError:
+        pass
+    if name.repository not in out:
+        out.append(name.repository)
+    return out
