@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import builtins
 import json
+import logging
 import os
 import socket
 from collections.abc import AsyncIterator
@@ -781,6 +782,18 @@ async def test_catalog_names_are_oci_names_tags_list_agrees(demo: DemoStore) -> 
 
 
 # -- live ------------------------------------------------------------------------------------
+async def test_a_rebuild_logs_its_counts_in_words(
+    tiny: TinyStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`1 model`, `2 blobs`, `0 problems`: counted in words like every other line, never `(s)`."""
+    tiny.gguf_model("qwen3:0.6b")
+    with caplog.at_level(logging.INFO, logger="modelfs.sync.registry.server"):
+        view = await app_for(tiny.root).view()
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("store ")]
+    assert len(view.index.blob_names) > 1
+    assert f": 1 model, {len(view.index.blob_names)} blobs, 0 problems (" in line, line
+
+
 async def test_new_model_shows_without_restart(tiny: TinyStore) -> None:
     app = app_for(tiny.root)  # the default: look at most once a second
     async with client_for(app) as c:

@@ -67,6 +67,7 @@ from modelfs.store.errors import BlobError, ModelNotFoundError, StoreError
 from modelfs.store.layout import Layout
 from modelfs.store.manifest import MEDIA_LIST
 from modelfs.store.scan import DEFAULT_PREFER, ScanCache
+from modelfs.store.units import counted
 from modelfs.store.watch import store_signature
 from modelfs.sync.errors import SyncError
 from modelfs.sync.registry.auth import check_access, location, signed_in
@@ -205,11 +206,11 @@ class RegistryApp:
                 started = time.monotonic()
                 view = await trio.to_thread.run_sync(View.build, self.layout, self._scan_cache)
                 log.info(
-                    "store %s: %d model(s), %d blob(s), %d problem(s) (%.2f s)",
+                    "store %s: %s, %s, %s (%.2f s)",
                     self.layout.root,
-                    len(view.index),
-                    len(view.index.blob_names),
-                    len(view.index.problems),
+                    counted(len(view.index), "model"),
+                    counted(len(view.index.blob_names), "blob"),
+                    counted(len(view.index.problems), "problem"),
                     time.monotonic() - started,
                 )
                 self._view, self._signature = view, signature
