@@ -424,8 +424,9 @@ def test_a_blob_renamed_into_the_store_before_its_fetch_is_marked_landed_is_serv
     """The window between the rename of a finished fetch into blobs/ and `BlobFetch.land`:
     the temp file is gone and the fetch does not say landed yet. A request that opens the blob
     then gets the stored blob (it was answered 404 there, which failed a pull under load)."""
+    from modelfs.store.errors import MissingBlobError
     from modelfs.sync.mirror.mirror import BlobFetch
-    from modelfs.sync.registry.server import MissingBlobError, OpenBlob, _open_growing
+    from modelfs.sync.registry.blobs import OpenBlob, open_growing
 
     data = b"weights"
     digest = Digest.parse("sha256:" + hashlib.sha256(data).hexdigest())
@@ -439,9 +440,9 @@ def test_a_blob_renamed_into_the_store_before_its_fetch_is_marked_landed_is_serv
             raise MissingBlobError(f"blob {digest} not found") from None
 
     with pytest.raises(MissingBlobError):  # a failed fetch discarded its file: missing
-        _open_growing(fetch, open_stored)
+        open_growing(fetch, open_stored)
     stored.write_bytes(data)
-    blob = _open_growing(fetch, open_stored)
+    blob = open_growing(fetch, open_stored)
     try:
         assert blob.growing is None and os.pread(blob.fd, 100, 0) == data
     finally:

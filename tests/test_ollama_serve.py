@@ -280,7 +280,7 @@ async def test_expired_signed_url_and_token(demo: DemoStore) -> None:
             f"/v2/library/llama3.2/blobs/{layer.digest}", headers={"Authorization": "Bearer t0ken"}
         )
         assert r.status_code == 200
-        with_logs = _capture("modelfs.sync.registry.server")
+        with_logs = _capture("modelfs.sync.registry.auth")
         r = await c.get(r.headers["location"], headers={"Range": "bytes=0-9"})
         assert r.status_code == 401
         assert [m for m in with_logs.messages if "refused: it expired" in m]

@@ -20,8 +20,10 @@ import trio
 import modelfs.sync.registry.zerocopy as zerocopy
 from modelfs.store.digest import Digest
 from modelfs.store.layout import Layout
+from modelfs.sync.registry.blobs import OpenBlob, open_blob
 from modelfs.sync.registry.serve import serve
 from modelfs.sync.registry.server import RegistryApp
+from modelfs.sync.registry.view import View
 from tests.builders import TinyStore
 
 SIZE = (24 << 20) + 13  # past SMALL_BLOB, and more than a loopback socket buffer takes at once
@@ -200,14 +202,14 @@ async def test_a_blob_cut_short_under_the_server_cuts_the_connection(
     """Truncated after it was opened and its size checked: the client sees a short body,
     never a complete-looking one, and the next connection is served."""
     tiny, digest, payload = store
-    real_open = RegistryApp._open_blob
 
-    def open_then_truncate(self: RegistryApp, *args: object, **kw: bool) -> object:
-        blob = real_open(self, *args, **kw)  # type: ignore[arg-type]
+    def open_then_truncate(layout: Layout, view: View, at: Digest, *, read_small: bool) -> OpenBlob:
+        blob = open_blob(layout, view, at, read_small=read_small)
         os.truncate(tiny.layout.blob(digest), SIZE // 2)
         return blob
 
-    monkeypatch.setattr(RegistryApp, "_open_blob", open_then_truncate)
+    # The app opens blobs by the name it imported.
+    monkeypatch.setattr("modelfs.sync.registry.server.open_blob", open_then_truncate)
     async with connected(tiny) as client:
         with trio.fail_after(10), pytest.raises(h11.RemoteProtocolError):
             await client.get(blob_path(digest))

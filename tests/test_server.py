@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import builtins
 import json
+import logging
 import os
 import socket
 from collections.abc import AsyncIterator
@@ -24,6 +25,7 @@ import trio
 import trio.lowlevel
 import zstandard
 
+import modelfs.sync.registry.blobs as blobs
 import modelfs.sync.registry.server as server
 from modelfs.demo import GEMMA, DemoStore, build_demo_store
 from modelfs.store.digest import Digest
@@ -38,13 +40,8 @@ from modelfs.store.errors import (
 )
 from modelfs.store.layout import Layout
 from modelfs.store.manifest import MEDIA_LIST, MEDIA_MANIFEST
-from modelfs.sync.registry.server import (
-    HTTPError,
-    RegistryApp,
-    error_status,
-    parse_range,
-    split_path,
-)
+from modelfs.sync.registry.http import HTTPError, error_status, parse_range, split_path
+from modelfs.sync.registry.server import RegistryApp
 from modelfs.sync.wire.realm import service_of
 from tests.builders import TinyStore
 
@@ -409,7 +406,7 @@ async def test_blob_get_and_head(demo: DemoStore) -> None:
 
 
 async def test_blob_streams_in_chunks(demo: DemoStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(server, "CHUNK", 64 << 10)
+    monkeypatch.setattr(blobs, "CHUNK", 64 << 10)
     layer = demo.manifest(f"{GEMMA}@llamacpp").layer("model.gguf")
     data = demo.blob_path(layer.digest).read_bytes()
     for headers, expected in (({}, data), ({"Range": "bytes=100000-900000"}, data[100000:900001])):
@@ -582,7 +579,7 @@ async def test_blob_of_any_repo_is_served(demo: DemoStore) -> None:
 async def test_client_that_hangs_up_stops_the_stream(
     tiny: TinyStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(server, "CHUNK", 4096)
+    monkeypatch.setattr(blobs, "CHUNK", 4096)
     data = os.urandom(4096 * 200)
     digest = tiny.blob(data)
     app = app_for(tiny.root)
@@ -678,7 +675,7 @@ async def test_zstd_for_a_list_manifest_blob(demo: DemoStore) -> None:
     listed = demo.lists[GEMMA]
     url = f"/v2/library/gemma4/blobs/{listed.digest}".encode()
     _, headers, body = await call(app_for(demo.root), url, headers={"Accept-Encoding": "zstd"})
-    if len(listed.raw) >= server.ZSTD_MIN:
+    if len(listed.raw) >= blobs.ZSTD_MIN:
         assert headers["content-encoding"] == "zstd"
         assert zstandard.ZstdDecompressor().decompress(body) == listed.raw
     else:
@@ -785,6 +782,18 @@ async def test_catalog_names_are_oci_names_tags_list_agrees(demo: DemoStore) -> 
 
 
 # -- live ------------------------------------------------------------------------------------
+async def test_a_rebuild_logs_its_counts_in_words(
+    tiny: TinyStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`1 model`, `2 blobs`, `0 problems`: counted in words like every other line, never `(s)`."""
+    tiny.gguf_model("qwen3:0.6b")
+    with caplog.at_level(logging.INFO, logger="modelfs.sync.registry.server"):
+        view = await app_for(tiny.root).view()
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("store ")]
+    assert len(view.index.blob_names) > 1
+    assert f": 1 model, {len(view.index.blob_names)} blobs, 0 problems (" in line, line
+
+
 async def test_new_model_shows_without_restart(tiny: TinyStore) -> None:
     app = app_for(tiny.root)  # the default: look at most once a second
     async with client_for(app) as c:
