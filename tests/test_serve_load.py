@@ -340,8 +340,8 @@ def test_a_thousand_ranges_get_the_whole_blob_at_once(demo: DemoStore) -> None:
 
 @pytest.mark.skipif(CURL is None, reason="needs curl")
 def test_a_slow_download_is_not_cut(demo: DemoStore, tmp_path: Path) -> None:
-    """A client that reads a ~17 MB blob at 1.5 MB/s (over 1.5 times the head timeout, while it
-    sends nothing) gets all of it, by the sendfile path: no limit meant for a request's head
+    """A client that reads a ~17 MB blob at 2 MB/s (well past the head timeout, while it sends
+    nothing) gets all of it, by the sendfile path: no limit meant for a request's head
     cuts an answer."""
     assert CURL is not None
     layer = demo.manifest(f"{GEMMA}@llamacpp").layer("model.gguf")
@@ -365,7 +365,9 @@ def test_a_slow_download_is_not_cut(demo: DemoStore, tmp_path: Path) -> None:
         )
         took = time.monotonic() - started
         assert done.returncode == 0, done.stderr.decode()
-        assert took > 1.5 * HEADER_TIMEOUT, took
+        # The download must outlast the head timeout to show it is not cut; curl's rate limit
+        # is an average, so allow a burst at either end.
+        assert took > HEADER_TIMEOUT + 1, took
         assert hashlib.sha256(out.read_bytes()).hexdigest() == layer.digest.hex
 
 
