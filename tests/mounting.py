@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -13,6 +12,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
+from tests.processes import stop
 
 MODELFS = str(Path(sys.executable).with_name("modelfs"))
 
@@ -58,13 +59,7 @@ def mounted(
         wait_for_mount(proc, mnt)
         yield proc
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop(proc)
         if os.path.ismount(mnt):
             force_unmount(mnt)
         # Late log lines belong to this test's output.

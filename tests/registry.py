@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import socket
 import subprocess
 import time
@@ -24,6 +23,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.processes import stop
 
 DOCKER_REGISTRY = "/usr/bin/docker-registry"
 
@@ -90,16 +91,6 @@ def _config(storage: Path, address: str, htpasswd: Path | None) -> str:
     )
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
-
-
 @contextmanager
 def running_registry(workdir: Path, *, htpasswd: bool = False) -> Iterator[Registry]:
     """Start a registry in `workdir` (created), wait until it answers, stop it afterwards.
@@ -132,15 +123,15 @@ def running_registry(workdir: Path, *, htpasswd: bool = False) -> Iterator[Regis
                 break
             last_error = registry.log_tail()
         except BaseException:
-            _stop(process)
+            stop(process)
             raise
-        _stop(process)
+        stop(process)
     else:
         raise AssertionError(f"docker-registry did not start:\n{last_error}")
     try:
         yield registry
     finally:
-        _stop(process)
+        stop(process)
 
 
 def _wait_ready(registry: Registry, timeout: float = 15.0) -> bool:

@@ -17,7 +17,6 @@ import re
 import secrets
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from tests.mounting import force_unmount, fuse
+from tests.processes import stop
 from tests.registry import DOCKER_REGISTRY, free_port, running_registry
 
 REPO = Path(__file__).resolve().parents[1]
@@ -236,12 +236,7 @@ def _process(args: list[str], env: dict[str, str], log: Path, ready: str) -> Ite
             time.sleep(0.05)
         yield
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
 
 
 @functools.cache
@@ -448,12 +443,7 @@ def _mounted(store: Path, mnt: Path, env: dict[str, str], log: Path) -> Iterator
             time.sleep(0.05)
         yield
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
 
 
 def _marks(block: Block) -> list[pytest.MarkDecorator]:

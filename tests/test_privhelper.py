@@ -8,7 +8,6 @@ import errno
 import mmap
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from modelfs.fsd import privhelper
 from modelfs.fsd.privhelper import BackingHelper
 from tests.builders import TinyStore
 from tests.mounting import MODELFS, fuse
+from tests.processes import stop
 from tests.test_passthrough import passthrough_missing
 from tests.unitmount import UID, capabilities, namespaced_argv, seen_from_outside, unit_settings
 
@@ -204,13 +204,7 @@ def test_the_mount_as_its_unit_starts_it_reads_blobs_by_passthrough() -> None:
     finally:
         out = ""
         if proc is not None:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop(proc)
             out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
             sys.stdout.write(out)
         shutil.rmtree(work, ignore_errors=True)
