@@ -323,35 +323,60 @@ def tar_of(name: str, data: bytes) -> bytes:
     return buf.getvalue()
 
 
-@pytest.mark.parametrize(
-    "case", ["modelpack-tar", "docker-model-shards", "docker-safetensors", "docker-dduf"]
-)
+def test_a_modelpack_gguf_in_a_tar_layer_lands_and_goes_back_as_it_came(
+    registry: Registry, tmp_path: Path, weights: bytes
+) -> None:
+    """A GGUF in a ModelPack tar weight layer (docs/spec.md
+    `application/vnd.cncf.model.weight.v1.tar`): the member copied out is the model layer (the
+    GGUF's own digest), the tar kept; pushed back as modelpack, the registry gets the
+    artifact's own manifest (the same digest)."""
+    data = tar_of("model.gguf", weights)
+    layers = [(desc("application/vnd.cncf.model.weight.v1.tar", data), data)]
+    cfg = {"config": {"format": "gguf"}, "modelfs": {"type": "layers", "diffIds": [sha(data)]}}
+    config = ("application/vnd.cncf.model.config.v1+json", json.dumps(cfg).encode())
+    name = "ghcr.io/kit/tarred:v1"
+    digest = push_layout(registry, tmp_path, name, config, layers, MP_ARTIFACT)
+    store = tmp_path / "store"
+    r = pull(store, registry.url, name)
+    assert r.returncode == 0, r.stderr
+    doc = store_manifest(store, name)
+    by_type = {x["mediaType"]: x["digest"] for x in doc["layers"]}
+    assert by_type["application/vnd.ollama.image.model"] == sha(weights)
+    assert by_type["application/vnd.cncf.model.weight.v1.tar"] == sha(data)
+    assert blob(store, sha(weights)) == weights
+    with running_registry(tmp_path / "other") as other:  # none of its blobs there yet
+        r = modelfs("push", "--store", str(store), name, "--to", other.url, "--format", "modelpack")
+        assert r.returncode == 0, r.stderr
+        assert ("PUT", "/v2/ghcr.io/kit/tarred/manifests/v1") in other.requests()
+        assert sha(inspect_raw(other, "ghcr.io/kit/tarred:v1")) == digest
+
+
+def inspect_raw(reg: Registry, repo: str) -> bytes:
+    return subprocess.run(
+        [str(SKOPEO), "inspect", "--raw", "--tls-verify=false", f"docker://{reg.address}/{repo}"],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    ).stdout
+
+
+@pytest.mark.parametrize("case", ["docker-model-shards", "docker-dduf"])
 def test_layers_not_landed_yet_are_one_line_before_any_fetch(
     registry: Registry, tmp_path: Path, weights: bytes, case: str
 ) -> None:
-    """A ModelPack tar weight layer (docs/spec.md `application/vnd.cncf.model.weight.v1.tar`),
-    a GGUF in shards (several `application/vnd.docker.ai.gguf.v3` layers, as
-    `docker model package` writes a split GGUF), safetensors and DDUF weights are not landed yet:
-    one line naming what, no blob fetched, nothing written."""
-    if case == "modelpack-tar":
-        data = tar_of("model.gguf", weights)
-        cfg = {"config": {"format": "gguf"}, "modelfs": {"type": "layers", "diffIds": []}}
-        config = ("application/vnd.cncf.model.config.v1+json", json.dumps(cfg).encode())
-        layers = [(desc("application/vnd.cncf.model.weight.v1.tar", data), data)]
-        artifact_type: str | None = "application/vnd.cncf.model.manifest.v1+json"
-        said = "application/vnd.cncf.model.weight.v1.tar"
-    else:
-        media = {
-            "docker-model-shards": "application/vnd.docker.ai.gguf.v3",
-            "docker-safetensors": "application/vnd.docker.ai.safetensors",
-            "docker-dduf": "application/vnd.docker.ai.dduf",
-        }[case]
-        parts = [weights[: len(weights) // 2], weights[len(weights) // 2 :]]
-        cfg = {"config": {"format": "gguf"}, "descriptor": {}, "rootfs": {"type": "rootfs"}}
-        config = ("application/vnd.docker.ai.model.config.v0.1+json", json.dumps(cfg).encode())
-        layers = [(desc(media, p), p) for p in parts]
-        artifact_type = None
-        said = {"docker-model-shards": "2 shards", "docker-dduf": "no GGUF"}.get(case, media)
+    """A GGUF in shards (several `application/vnd.docker.ai.gguf.v3` layers, as
+    `docker model package` writes a split GGUF) and DDUF weights are not landed yet: one line
+    naming what, no blob fetched, nothing written."""
+    media = {
+        "docker-model-shards": "application/vnd.docker.ai.gguf.v3",
+        "docker-dduf": "application/vnd.docker.ai.dduf",
+    }[case]
+    parts = [weights[: len(weights) // 2], weights[len(weights) // 2 :]]
+    cfg = {"config": {"format": "gguf"}, "descriptor": {}, "rootfs": {"type": "rootfs"}}
+    config = ("application/vnd.docker.ai.model.config.v0.1+json", json.dumps(cfg).encode())
+    layers = [(desc(media, p), p) for p in parts]
+    artifact_type = None
+    said = {"docker-model-shards": "2 shards", "docker-dduf": "no GGUF"}[case]
     name = f"ghcr.io/refused/{case}:v1"
     push_layout(registry, tmp_path, name, config, layers, artifact_type)
     store = tmp_path / "store"
@@ -452,8 +477,8 @@ def test_a_name_on_the_registrys_own_host_is_its_repository_there(
 ) -> None:
     """`HOST/ai/smollm2:TAG` from the registry at HOST is its `ai/smollm2` there, where
     `docker model push` and every other client put it; the model keeps the name asked, and is
-    pushed back there."""
-    dmr_artifact(registry, tmp_path, weights, repo="ai/smollm2:360M-Q4_K_M")
+    pushed back there as it came (the same manifest digest)."""
+    digest, _ = dmr_artifact(registry, tmp_path, weights, repo="ai/smollm2:360M-Q4_K_M")
     store = tmp_path / "store"
     name = f"{registry.address}/ai/smollm2:360M-Q4_K_M"
     r = pull(store, registry.url, name)
@@ -470,8 +495,8 @@ def test_a_name_on_the_registrys_own_host_is_its_repository_there(
     )
     assert r.returncode == 0, r.stderr
     assert "/ai/smollm2:360M-Q4_K_M" in r.stdout
-    put = ("PUT", "/v2/ai/smollm2/manifests/360M-Q4_K_M")
-    assert registry.requests().count(put) == 2  # skopeo's, then ours
+    # The artifact as it came: the manifest the registry holds already (so not put again).
+    assert sha(inspect_raw(registry, "ai/smollm2:360M-Q4_K_M")) == digest
     again = tmp_path / "again"
     r = pull(again, registry.url, name)
     assert r.returncode == 0, r.stderr
