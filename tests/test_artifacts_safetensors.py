@@ -28,7 +28,6 @@ import io
 import json
 import tarfile
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -37,99 +36,36 @@ from modelfs.fsd.builder import short_path
 from modelfs.store.layout import Layout
 from modelfs.store.names import parse_name
 from tests import ollama_local
+from tests.artifacts import (
+    FP,
+    LICENSE,
+    MP,
+    MP_ARTIFACT,
+    desc,
+    hf_files,
+    inspect_raw,
+    modelpack_config,
+    modelpack_layers,
+    push_layout,
+    sha,
+    shards,
+)
 from tests.mounting import fuse, mounted
 from tests.registry import Registry, running_registry
 from tests.test_artifacts import (  # noqa: F401 - pytestmark: the same needs
-    LICENSE,
-    MP_ARTIFACT,
-    MP_CONFIG,
     assert_nothing_written,
     blob,
     blob_gets,
-    desc,
-    inspect_raw,
-    push_layout,
     pytestmark,
     registry,
-    sha,
     store_manifest,
 )
 from tests.test_registries import error_line, modelfs, pull
 
-st_numpy = pytest.importorskip("safetensors.numpy")
 safe_open = pytest.importorskip("safetensors").safe_open
 
-MP = "application/vnd.cncf.model."
-FP = "org.cncf.model.filepath"
 TENSOR = "application/vnd.ollama.image.tensor"
 JSON = "application/vnd.ollama.image.json"
-
-
-def shards() -> list[tuple[str, dict[str, np.ndarray], bytes]]:
-    """Two shards as `save_pretrained` names them, written by the safetensors library."""
-    rng = np.random.default_rng(7)
-    parts = [
-        {"model.embed_tokens.weight": rng.standard_normal((16, 8)).astype(np.float32)},
-        {
-            "model.norm.weight": np.ones(8, dtype=np.float16),
-            "lm_head.weight": rng.standard_normal((16, 8)).astype(np.float32),
-        },
-    ]
-    out = []
-    for i, tensors in enumerate(parts, 1):
-        out.append((f"model-0000{i}-of-00002.safetensors", tensors, st_numpy.save(tensors)))
-    return out
-
-
-def hf_files(names: list[tuple[str, dict[str, np.ndarray], bytes]]) -> list[tuple[str, bytes]]:
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 16}
-    index = {"weight_map": {t: n for n, ts, _ in names for t in ts}}
-    return [
-        ("config.json", json.dumps(config, indent=2).encode() + b"\n"),
-        ("model.safetensors.index.json", json.dumps(index).encode()),
-        ("tokenizer.json", b'{"version": "1.0", "model": {"type": "BPE"}}'),
-    ]
-
-
-def tar_of(files: list[tuple[str, bytes]]) -> bytes:
-    """A tar as the spec's Reproducibility section asks: lexicographic order, fixed metadata."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for name, data in sorted(files):
-            info = tarfile.TarInfo(name)
-            info.size, info.mode, info.mtime = len(data), 0o644, 0
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
-
-
-def modelpack_config(layers: list[tuple[dict[str, Any], bytes]]) -> tuple[str, bytes]:
-    cfg = {
-        "descriptor": {"family": "llama", "name": "tiny-st"},
-        "config": {"architecture": "transformer", "format": "safetensors", "paramSize": "0.3k"},
-        "modelfs": {"type": "layers", "diffIds": [d["digest"] for d, _ in layers]},
-    }
-    return MP_CONFIG, json.dumps(cfg).encode()
-
-
-def modelpack_layers(packing: str) -> list[tuple[dict[str, Any], bytes]]:
-    """The model as ModelPack layers: each file raw, or each shard a tar of its own and the
-    config files and docs a tar each."""
-    weights = shards()
-    configs = hf_files(weights)
-    docs = [("LICENSE", LICENSE), ("README.md", b"# tiny\n")]
-    if packing == "raw":
-        layers = [(desc(MP + "weight.v1.raw", d, **{FP: n}), d) for n, _, d in weights]
-        layers += [(desc(MP + "weight.config.v1.raw", d, **{FP: n}), d) for n, d in configs]
-        layers += [(desc(MP + "doc.v1.raw", d, **{FP: n}), d) for n, d in docs]
-        return layers
-    layers = []
-    for n, _, d in weights:
-        t = tar_of([(n, d)])
-        layers.append((desc(MP + "weight.v1.tar", t, **{FP: n}), t))
-    for media, files in (("weight.config.v1.tar", configs), ("doc.v1.tar", docs)):
-        t = tar_of(files)
-        layers.append((desc(MP + media, t), t))
-    return layers
 
 
 def mounted_model(mnt: Path, name: str) -> Path:
