@@ -72,6 +72,10 @@ def mounted_model(mnt: Path, name: str) -> Path:
     return mnt.joinpath(*short_path(parse_name(name)))
 
 
+def blob_path(store: Path, digest: str) -> Path:
+    return store / "blobs" / digest.replace(":", "-")
+
+
 def registry_digest(reg: Registry, repo: str) -> str:
     return sha(inspect_raw(reg, repo))
 
@@ -135,9 +139,12 @@ def test_a_modelpack_safetensors_artifact_lands_opens_and_goes_back_as_it_came(
 
     landed = Layout(store).legacy_manifest(parse_name(name)).read_bytes()
     before = len(blob_gets(registry))
+    inodes = {x["digest"]: blob_path(store, x["digest"]).stat().st_ino for x in tensors}
     r = pull(store, registry.url, name)
     assert r.returncode == 0, r.stderr
     assert len(blob_gets(registry)) == before
+    # A tar's members found here are not written again.
+    assert {d: blob_path(store, d).stat().st_ino for d in inodes} == inodes
     assert Layout(store).legacy_manifest(parse_name(name)).read_bytes() == landed
 
     # Into a registry that has none of its blobs: every one uploaded, the manifest as it came.

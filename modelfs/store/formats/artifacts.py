@@ -49,8 +49,11 @@ specs-go/v1/annotations.go (`org.cncf.model.filepath`).
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import io
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -398,6 +401,24 @@ def _open(store: BlobStore, f: _File) -> BinaryIO:
     return store.layout.blob(f.digest).open("rb")
 
 
+def _copy_out(store: BlobStore, f: _File) -> Digest:
+    """A tar member's blob. Hashed first: a re-pull of an unchanged artifact (or another
+    artifact with the same file) finds it here and writes nothing, at the cost of reading a
+    new member twice."""
+    h = hashlib.sha256()
+    with _open(store, f) as src:
+        while chunk := src.read(1 << 20):
+            h.update(chunk)
+    digest = Digest(h.hexdigest())
+    blob = store.layout.blob(digest)
+    with contextlib.suppress(FileNotFoundError):
+        if store.has(digest, f.size):
+            os.utime(blob)  # a fresh mtime, as a new write would give it
+            return digest
+    with _open(store, f) as src:
+        return store.put_stream(src, expected=digest)
+
+
 def _check_safetensors(store: BlobStore, f: _File, what: str) -> None:
     with _open(store, f) as src:
         try:
@@ -448,10 +469,7 @@ def land(store: BlobStore, manifest: Manifest) -> bytes:
             if f.digest is not None:  # a raw layer (a tar's member is in the kept tar)
                 kept.append((f.index, _descriptor(f.media, f.digest, f.size)))
             continue
-        digest = f.digest
-        if digest is None:
-            with _open(store, f) as src:
-                digest = store.put_stream(src)
+        digest = f.digest or _copy_out(store, f)
         d = _descriptor(media, digest, f.size)
         if media == OLLAMA_TENSOR:
             d["name"] = _tensor_name(f)
