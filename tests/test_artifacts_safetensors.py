@@ -41,6 +41,7 @@ from tests.artifacts import (
     LICENSE,
     MP,
     MP_ARTIFACT,
+    MP_CONFIG,
     desc,
     hf_files,
     inspect_raw,
@@ -56,6 +57,7 @@ from tests.test_artifacts import (  # noqa: F401 - pytestmark: the same needs
     assert_nothing_written,
     blob,
     blob_gets,
+    demo,
     pytestmark,
     registry,
     store_manifest,
@@ -294,3 +296,52 @@ def test_a_compressed_weight_tar_is_refused_before_any_fetch(
     assert f"{MP}{media} is a compressed tar" in error_line(r.stderr)
     assert len(blob_gets(registry)) == before
     assert_nothing_written(store)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "weight_type", "config_type"),
+    [
+        ("modelpack", MP + "weight.v1.raw", MP_CONFIG),
+        (
+            "docker-model",
+            "application/vnd.docker.ai.safetensors",
+            "application/vnd.docker.ai.model.config.v0.2+json",
+        ),
+    ],
+)
+def test_an_ollama_safetensors_model_pushes_as_an_artifact_and_comes_back(
+    registry: Registry,  # noqa: F811 - the fixture
+    tmp_path: Path,
+    demo: Path,  # noqa: F811 - the fixture
+    fmt: str,
+    weight_type: str,
+    config_type: str,
+) -> None:
+    """The demo's `gemma4:26b-mlx` (Ollama's safetensors layout, as x/create writes it) pushed
+    `--format`: each tensor layer a weight layer of its own digest named `<tensor>.safetensors`,
+    each json layer a config file named by its path (ModelPack: `weight.v1.raw` and
+    `weight.config.v1.raw`, as docker/model-runner's pkg/distribution/modelpack/convert.go
+    maps them; Docker Model Runner: its safetensors and model.file types under the v0.2
+    config); pulled back, the identical Ollama model."""
+    name = "gemma4:26b-mlx"
+    r = modelfs("push", "--store", str(demo), name, "--to", registry.url, "--format", fmt)
+    assert r.returncode == 0, r.stderr
+    original = Layout(demo).legacy_manifest(parse_name(name)).read_bytes()
+    doc = json.loads(original)
+    artifact = json.loads(inspect_raw(registry, "library/gemma4:26b-mlx"))
+    assert artifact["config"]["mediaType"] == config_type
+    by_digest = {x["digest"]: x for x in artifact["layers"]}
+    for layer in doc["layers"]:
+        packed = by_digest[layer["digest"]]
+        if layer["mediaType"] == TENSOR:
+            assert packed["mediaType"] == weight_type
+            assert packed["annotations"][FP] == layer["name"] + ".safetensors"
+        elif layer["mediaType"] == JSON:
+            assert packed["annotations"][FP] == layer["name"]
+
+    back = tmp_path / "back"
+    r = pull(back, registry.url, name)
+    assert r.returncode == 0, r.stderr
+    assert Layout(back).legacy_manifest(parse_name(name)).read_bytes() == original
+    [tags] = ollama_local.api_tags(back)
+    assert tags["details"]["format"] == "safetensors"

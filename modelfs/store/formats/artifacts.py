@@ -68,6 +68,7 @@ from modelfs.store.manifest import (
     MEDIA_CONFIG,
     MEDIA_MANIFEST,
     MEDIA_OCI_MANIFEST,
+    Layer,
     Manifest,
     ModelConfig,
     go_marshal,
@@ -548,11 +549,17 @@ _PACKED_TYPES = {
         OLLAMA_MODEL: DMR_GGUF,
         OLLAMA_PROJECTOR: DMR_MMPROJ,
         OLLAMA_LICENSE: DMR_LICENSE,
+        OLLAMA_TENSOR: DMR_SAFETENSORS,
+        OLLAMA_JSON: DMR_MODEL_FILE,
     },
+    # As docker/model-runner's own ModelPack output maps them (pkg/distribution/modelpack/
+    # convert.go ClassifyLayer at 642c7211): weights raw, config files weight config, docs.
     MODELPACK: {
         OLLAMA_MODEL: MP_WEIGHT_RAW,
         OLLAMA_PROJECTOR: MP_WEIGHT_RAW,
         OLLAMA_LICENSE: MP_DOC_RAW,
+        OLLAMA_TENSOR: MP_WEIGHT_RAW,
+        OLLAMA_JSON: MP_WEIGHT_CONFIG_RAW,
     },
 }
 # ModelPack names a raw layer's file (specs-go/v1/annotations.go); the names the mount gives.
@@ -563,25 +570,52 @@ _PACKED_PATHS = {
 }
 
 
+def _packed_weights(manifest: Manifest, config: ModelConfig) -> str | None:
+    """`gguf` (one model layer) or `safetensors` (tensor layers, no model layer): what
+    `pack` can lay out; None otherwise."""
+    media = [x.media_type for x in manifest.layers]
+    fmt = config.model_format
+    if media.count(OLLAMA_MODEL) == 1 and OLLAMA_TENSOR not in media and fmt in ("", "gguf"):
+        return "gguf"
+    if OLLAMA_TENSOR in media and OLLAMA_MODEL not in media and fmt in ("", "safetensors"):
+        return "safetensors"
+    return None
+
+
+def _packed_path(layer: Layer, fmt: str, seen: dict[str, int]) -> str | None:
+    """The file a packed layer is (the filepath annotation): a tensor layer's name plus
+    `.safetensors`, a json layer's name (both formats read it, docker/model-runner
+    pkg/distribution/internal/partial/layer.go); for ModelPack also the GGUF, projector and
+    license."""
+    if layer.media_type == OLLAMA_TENSOR and layer.name:
+        return f"{layer.name}.safetensors"
+    if layer.media_type == OLLAMA_JSON and layer.name:
+        return layer.name
+    if fmt == MODELPACK and layer.media_type in _PACKED_PATHS:
+        n = seen[layer.media_type] = seen.get(layer.media_type, 0) + 1
+        return _PACKED_PATHS[layer.media_type] + (f"-{n}" if n > 1 else "")
+    return None
+
+
 def pack(manifest: Manifest, config: ModelConfig | None, fmt: str) -> Packed:
-    """`manifest` (a plain Ollama GGUF model) as a `fmt` artifact (DOCKER_MODEL, MODELPACK)."""
+    """`manifest` (a plain Ollama model of one GGUF, or of safetensors tensor layers) as a
+    `fmt` artifact (DOCKER_MODEL, MODELPACK)."""
     label = f"manifest {manifest.digest.short}"
     if config is None or manifest.config is None:
         raise UnsupportedArtifactError(f"{label}: no config blob to describe the model with")
-    if [x.media_type for x in manifest.layers].count(OLLAMA_MODEL) != 1 or (
-        config.model_format not in ("", "gguf")
-    ):
+    weights = _packed_weights(manifest, config)
+    if weights is None:
         raise UnsupportedArtifactError(
-            f"{label}: only a model of one GGUF layer is pushed as {fmt} yet"
+            f"{label}: only a model of one GGUF layer or of safetensors tensor layers is pushed "
+            f"as {fmt}"
         )
     types = _PACKED_TYPES[fmt]
     layers: list[dict[str, Any]] = []
     seen: dict[str, int] = {}
     for layer in manifest.layers:
         d = _descriptor(types.get(layer.media_type, layer.media_type), layer.digest, layer.size)
-        if fmt == MODELPACK and layer.media_type in _PACKED_PATHS:
-            n = seen[layer.media_type] = seen.get(layer.media_type, 0) + 1
-            path = _PACKED_PATHS[layer.media_type] + (f"-{n}" if n > 1 else "")
+        path = _packed_path(layer, fmt, seen)
+        if path is not None:
             d["annotations"] = {ANNOTATION_FILEPATH: path}
         layers.append(d)
     layers.append(_descriptor(MEDIA_CONFIG, manifest.config.digest, manifest.config.size))
@@ -589,7 +623,7 @@ def pack(manifest: Manifest, config: ModelConfig | None, fmt: str) -> Packed:
     diff_ids = [d["digest"] for d in layers]
     if fmt == DOCKER_MODEL:
         # types/config.go ConfigFile; builder/builder.go:152-155 (rootfs type "rootfs")
-        facts = {"format": "gguf", "quantization": config.file_type}
+        facts = {"format": weights, "quantization": config.file_type}
         facts |= {"parameters": config.model_type, "architecture": config.model_family}
         cfg: dict[str, Any] = {
             "config": {k: v for k, v in facts.items() if v},
@@ -597,10 +631,11 @@ def pack(manifest: Manifest, config: ModelConfig | None, fmt: str) -> Packed:
             "rootfs": {"type": "rootfs", "diff_ids": diff_ids},
         }
         top: dict[str, Any] = {"schemaVersion": 2, "mediaType": MEDIA_OCI_MANIFEST}
-        config_type = DMR_CONFIG_V01
+        # v0.2: a layer per file, each named by its filepath (types/config.go)
+        config_type = DMR_CONFIG_V01 if weights == "gguf" else DMR_CONFIG_V02
     else:
         # specs-go/v1/config.go Model; docs/spec.md (artifactType, config media type)
-        facts = {"format": "gguf", "paramSize": config.model_type}
+        facts = {"format": weights, "paramSize": config.model_type}
         facts["quantization"] = config.file_type
         cfg = {
             "descriptor": {"family": config.model_family} if config.model_family else {},
