@@ -345,3 +345,39 @@ def test_an_ollama_safetensors_model_pushes_as_an_artifact_and_comes_back(
     assert Layout(back).legacy_manifest(parse_name(name)).read_bytes() == original
     [tags] = ollama_local.api_tags(back)
     assert tags["details"]["format"] == "safetensors"
+
+
+REFUSED = {
+    "mixed": "both GGUF and safetensors weights",
+    "pickle": "no GGUF or safetensors weights",
+    "broken": "model.safetensors: header length",
+    "twice": "two files are named 'model.safetensors'",
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_weights_ollama_cannot_run_are_one_line_and_nothing_left(
+    registry: Registry,  # noqa: F811 - the fixture
+    tmp_path: Path,
+    case: str,
+) -> None:
+    """GGUF and safetensors weights together, a pickled `pytorch_model.bin`, a `.safetensors`
+    file that is none, two layers naming one file: one line, and the blobs fetched for the
+    artifact removed again."""
+    good = shards()[0][2]
+    raw = MP + "weight.v1.raw"
+    files = {
+        "mixed": [("model.gguf", b"GGUF" + bytes(60)), ("model.safetensors", good)],
+        "pickle": [("pytorch_model.bin", b"\x80\x02}q\x00.")],
+        "broken": [("model.safetensors", (1 << 40).to_bytes(8, "little") + b"{}")],
+        "twice": [("model.safetensors", good), ("model.safetensors", good + b" ")],
+    }[case]
+    layers = [(desc(raw, data, **{FP: path}), data) for path, data in files]
+    name = f"ghcr.io/bad/{case}:v1"
+    push_layout(registry, tmp_path, name, modelpack_config(layers), layers, MP_ARTIFACT)
+    store = tmp_path / "store"
+    r = pull(store, registry.url, name)
+    assert r.returncode == 1, r.stdout
+    assert REFUSED[case] in error_line(r.stderr), r.stderr
+    assert "Traceback" not in r.stderr
+    assert_nothing_written(store)
