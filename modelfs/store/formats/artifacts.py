@@ -179,16 +179,13 @@ def artifact_kind(manifest: Manifest) -> str:
     )
 
 
-def _compressed_weights(media: str) -> bool:
-    """A `+gzip`/`+zstd` tar of weights or their config files: its files would have to be
-    inflated into blobs that are not the artifact's, and the tar kept beside them."""
-    return (
-        media.split("+", 1)[0] in MP_UNPACKED
-        and "+" in media
-        and media.startswith(
-            ("application/vnd.cncf.model.weight.v1.", "application/vnd.cncf.model.weight.config.")
-        )
-    )
+# MediaTypeModelWeightGzip/Zstd and MediaTypeModelWeightConfigGzip/Zstd: their files would
+# have to be inflated into blobs that are not the artifact's, with the tar kept beside them.
+_COMPRESSED_WEIGHTS = frozenset(
+    f"application/vnd.cncf.model.{kind}.v1.tar+{codec}"
+    for kind in ("weight", "weight.config")
+    for codec in ("gzip", "zstd")
+)
 
 
 def check_artifact(manifest: Manifest) -> str:
@@ -200,7 +197,7 @@ def check_artifact(manifest: Manifest) -> str:
         return kind
     what = f"{kind} artifact {manifest.digest.short}"
     for layer in manifest.layers:
-        if _compressed_weights(layer.media_type):
+        if layer.media_type in _COMPRESSED_WEIGHTS:
             raise UnsupportedArtifactError(
                 f"{what}: {layer.media_type} is a compressed tar; only uncompressed (.tar) and "
                 "raw weight layers are landed"
