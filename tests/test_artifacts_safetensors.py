@@ -27,6 +27,7 @@ import hashlib
 import io
 import json
 import tarfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -122,6 +123,13 @@ def test_a_modelpack_safetensors_artifact_lands_opens_and_goes_back_as_it_came(
     assert {sha(d) for _, d in layers} <= kept  # raw layers and tars alike, as they came
     source = json.loads(blob(store, doc["config"]["digest"]))["modelfs_source"]
     assert source["digest"] == digest
+    # Every blob landed is a layer: a stock Ollama's prune two hours on and our GC keep all.
+    held = sorted(p.name for p in (store / "blobs").iterdir())
+    assert ollama_local.startup_prune(store, now=time.time() + 7200) == set()
+    for _ in range(2):  # a blob no manifest names goes on the second run
+        r = modelfs("gc", "--store", str(store), "--grace", "0s", "--grace-below-floor")
+        assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in (store / "blobs").iterdir()) == held
 
     mnt = tmp_path / "mnt"
     with mounted(store, mnt):
