@@ -285,21 +285,32 @@ def test_layers_not_landed_yet_are_one_line_before_any_fetch(
 
 @fuse
 @pytest.mark.slow
+@pytest.mark.parametrize("packing", ["docker-model", "modelpack-tar"])
 def test_llama_cpp_loads_the_pulled_artifact_through_the_mount(
-    registry: Registry, tmp_path: Path, weights: bytes
+    registry: Registry, tmp_path: Path, weights: bytes, packing: str
 ) -> None:
-    """llama.cpp reads the vocabulary of the pulled Docker Model Runner GGUF from the mount's
-    plain path, as from the bytes pushed."""
+    """llama.cpp reads the vocabulary of the pulled GGUF (a Docker Model Runner layer, or a
+    ModelPack tar layer's member copied out) from the mount's plain path, as from the bytes
+    pushed."""
     llama_cpp = pytest.importorskip("llama_cpp")
-    dmr_artifact(registry, tmp_path, weights, NAME)
+    if packing == "docker-model":
+        name = NAME
+        dmr_artifact(registry, tmp_path, weights, name)
+    else:
+        name = "ghcr.io/kit/tarred:v1"
+        data = tar_of([("model.gguf", weights)])
+        layers = [(desc("application/vnd.cncf.model.weight.v1.tar", data), data)]
+        cfg = {"config": {"format": "gguf"}, "modelfs": {"type": "layers", "diffIds": []}}
+        config = (MP_CONFIG, json.dumps(cfg).encode())
+        push_layout(registry, tmp_path, name, config, layers, MP_ARTIFACT)
     store = tmp_path / "store"
-    r = pull(store, registry.url, NAME)
+    r = pull(store, registry.url, name)
     assert r.returncode == 0, r.stderr
     source = tmp_path / "weights.gguf"
     source.write_bytes(weights)
     mnt = tmp_path / "mnt"
     with mounted(store, mnt):
-        path = mnt.joinpath(*short_path(parse_name(NAME)), "model.gguf")
+        path = mnt.joinpath(*short_path(parse_name(name)), "model.gguf")
         llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
         native = llama_cpp.Llama(model_path=str(source), vocab_only=True, verbose=False)
         assert llm.tokenize(b"hello world", add_bos=False) == native.tokenize(
