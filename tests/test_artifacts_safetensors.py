@@ -51,6 +51,7 @@ from tests.artifacts import (
     push_layout,
     sha,
     shards,
+    tar_of,
 )
 from tests.mounting import fuse, mounted
 from tests.registry import Registry, running_registry
@@ -168,27 +169,36 @@ def test_a_modelpack_safetensors_artifact_lands_opens_and_goes_back_as_it_came(
         assert Layout(again).legacy_manifest(parse_name(name)).read_bytes() == landed
 
 
+@pytest.mark.parametrize("version", ["v0.1", "v0.2"])
 def test_a_docker_model_runner_safetensors_artifact_lands(
     registry: Registry,  # noqa: F811 - the fixture
     tmp_path: Path,
+    version: str,
 ) -> None:
-    """`application/vnd.docker.ai.safetensors` shards and `application/vnd.docker.ai.model.file`
-    files (config v0.2): tensor layers of the shards' digests and json layers by path; pushed
-    back as docker-model, the registry gets the artifact's own manifest."""
+    """`application/vnd.docker.ai.safetensors` shards, with the config files in one
+    `application/vnd.docker.ai.vllm.config.tar` (config v0.1, which DMR's
+    internal/bundle/unpack.go unpackConfigArchive extracts beside the weights) or each an
+    `application/vnd.docker.ai.model.file` (config v0.2, a layer per file): tensor layers of
+    the shards' digests and json layers by path; pushed back as docker-model, the registry
+    gets the artifact's own manifest."""
     weights = shards()
     layers = [
         (desc("application/vnd.docker.ai.safetensors", d, **{FP: n}), d) for n, _, d in weights
     ]
-    layers += [
-        (desc("application/vnd.docker.ai.model.file", d, **{FP: n}), d)
-        for n, d in hf_files(weights)
-    ]
+    if version == "v0.1":
+        t = tar_of(hf_files(weights))
+        layers.append((desc("application/vnd.docker.ai.vllm.config.tar", t), t))
+    else:
+        layers += [
+            (desc("application/vnd.docker.ai.model.file", d, **{FP: n}), d)
+            for n, d in hf_files(weights)
+        ]
     cfg = {
         "config": {"format": "safetensors", "architecture": "llama", "context_size": 4096},
         "descriptor": {},
         "rootfs": {"type": "rootfs", "diff_ids": [d["digest"] for d, _ in layers]},
     }
-    config = ("application/vnd.docker.ai.model.config.v0.2+json", json.dumps(cfg).encode())
+    config = (f"application/vnd.docker.ai.model.config.{version}+json", json.dumps(cfg).encode())
     name = "docker.io/ai/tiny-st:latest"
     digest = push_layout(registry, tmp_path, name, config, layers)
     store = tmp_path / "store"
@@ -200,10 +210,10 @@ def test_a_docker_model_runner_safetensors_artifact_lands(
     assert [x["digest"] for x in doc["layers"] if x["mediaType"] == TENSOR] == [
         sha(d) for _, _, d in weights
     ]
-    assert {x["name"] for x in doc["layers"] if x["mediaType"] == JSON} == {
-        "config.json",
-        "tokenizer.json",
-    }
+    jsons = {x["name"]: x["digest"] for x in doc["layers"] if x["mediaType"] == JSON}
+    configs = dict(hf_files(weights))
+    assert jsons == {n: sha(configs[n]) for n in ("config.json", "tokenizer.json")}
+    assert all(blob(store, d) == configs[n] for n, d in jsons.items())
     [params] = [x for x in doc["layers"] if x["mediaType"] == "application/vnd.ollama.image.params"]
     assert json.loads(blob(store, params["digest"])) == {"num_ctx": 4096}
     r = modelfs(
