@@ -399,22 +399,32 @@ def _open(store: BlobStore, f: _File) -> BinaryIO:
     return store.layout.blob(f.digest).open("rb")
 
 
-def _copy_out(store: BlobStore, f: _File) -> Digest:
-    """A tar member's blob. Hashed first: a re-pull of an unchanged artifact (or another
-    artifact with the same file) finds it here and writes nothing, at the cost of reading a
-    new member twice."""
-    h = hashlib.sha256()
+def _blob_sizes(store: BlobStore) -> set[int]:
+    """The sizes of the blobs here, one directory read: a member of a size none has is new."""
+    sizes: set[int] = set()
+    with contextlib.suppress(FileNotFoundError), os.scandir(store.layout.blobs) as it:
+        for entry in it:
+            with contextlib.suppress(OSError):
+                sizes.add(entry.stat(follow_symlinks=False).st_size)
+    return sizes
+
+
+def _copy_out(store: BlobStore, f: _File, sizes: set[int]) -> Digest:
+    """A tar member's blob. One of a size some blob here has may be here already (a re-pull of
+    an unchanged artifact, another artifact with the same file): hashed first, and if it is,
+    only touched, not written again; any other is copied in one pass."""
+    if f.size in sizes:
+        h = hashlib.sha256()
+        with _open(store, f) as src:
+            while chunk := src.read(1 << 20):
+                h.update(chunk)
+        digest = Digest(h.hexdigest())
+        with contextlib.suppress(FileNotFoundError):
+            if store.has(digest, f.size):
+                os.utime(store.layout.blob(digest))  # a fresh mtime, as a write would give
+                return digest
     with _open(store, f) as src:
-        while chunk := src.read(1 << 20):
-            h.update(chunk)
-    digest = Digest(h.hexdigest())
-    blob = store.layout.blob(digest)
-    with contextlib.suppress(FileNotFoundError):
-        if store.has(digest, f.size):
-            os.utime(blob)  # a fresh mtime, as a new write would give it
-            return digest
-    with _open(store, f) as src:
-        return store.put_stream(src, expected=digest)
+        return store.put_stream(src)
 
 
 def _check_safetensors(store: BlobStore, f: _File, what: str) -> None:
@@ -460,6 +470,7 @@ def land(store: BlobStore, manifest: Manifest) -> bytes:
             _check_safetensors(store, f, what)
 
     # Every refusal is behind us: now blobs are written.
+    sizes = _blob_sizes(store) if any(f.digest is None and m for f, m in mapped) else set()
     first: list[dict[str, Any]] = []
     others: list[dict[str, Any]] = []
     for f, media in mapped:
@@ -467,7 +478,7 @@ def land(store: BlobStore, manifest: Manifest) -> bytes:
             if f.digest is not None:  # a raw layer (a tar's member is in the kept tar)
                 kept.append((f.index, _descriptor(f.media, f.digest, f.size)))
             continue
-        digest = f.digest or _copy_out(store, f)
+        digest = f.digest or _copy_out(store, f, sizes)
         d = _descriptor(media, digest, f.size)
         if media == OLLAMA_TENSOR:
             d["name"] = _tensor_name(f)
