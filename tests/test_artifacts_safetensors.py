@@ -109,6 +109,7 @@ def test_a_modelpack_safetensors_artifact_lands_opens_and_goes_back_as_it_came(
     [tags] = ollama_local.api_tags(store)
     assert tags["name"] == name
     assert (tags["details"]["format"], tags["details"]["family"]) == ("safetensors", "llama")
+    assert tags["capabilities"] == ["completion"]  # what Ollama asks before it generates
     doc = store_manifest(store, name)
     weights = shards()
     tensors = [x for x in doc["layers"] if x["mediaType"] == TENSOR]

@@ -515,16 +515,19 @@ def _config_v2(facts: _Facts, weights: str, manifest: Manifest, kind: str) -> di
     source["mediaType"] = top.media_type
     if top.artifact_type:
         source["artifactType"] = top.artifact_type
-    return {
+    config: dict[str, Any] = {
         "model_format": weights,
         "model_family": facts.family,
         "model_families": [facts.family] if facts.family else None,
         "model_type": facts.params,
         "file_type": facts.quant,
-        "architecture": "amd64",
-        "os": "linux",
-        SOURCE_KEY: source,
     }
+    if weights == "safetensors":
+        # Ollama reads a safetensors model's capabilities from its config alone (server/
+        # images.go configCapabilities; ggufCapabilities is for GGUF), and its own import
+        # starts them at "completion" (x/create/client/create.go inferSafetensorsCapabilities).
+        config["capabilities"] = ["completion"]
+    return config | {"architecture": "amd64", "os": "linux", SOURCE_KEY: source}
 
 
 def _embedded(store: BlobStore, manifest: Manifest) -> bytes | None:
