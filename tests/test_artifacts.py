@@ -25,12 +25,9 @@ GGUF is loaded through the mount by llama.cpp.
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import shutil
 import subprocess
-import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,85 +40,32 @@ from modelfs.store.layout import Layout
 from modelfs.store.names import parse_name
 from modelfs.sync.wire.registry_names import own_repository
 from tests import ollama_local
+from tests.artifacts import (
+    DMR_CONFIG,
+    LICENSE,
+    MP_ARTIFACT,
+    MP_CONFIG,
+    OCI_MANIFEST,
+    SKOPEO,
+    TEMPLATE,
+    demo_gguf,
+    desc,
+    dmr_artifact,
+    inspect_raw,
+    push_layout,
+    sha,
+    tar_of,
+)
 from tests.mounting import fuse, mounted
 from tests.registry import Registry, needs_registry, running_registry
 from tests.test_registries import error_line, modelfs, pull
 
-SKOPEO = shutil.which("skopeo")
 pytestmark = [
     needs_registry,
     pytest.mark.skipif(SKOPEO is None, reason="needs skopeo (scripts/setup installs it)"),
 ]
 
-OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
-DMR_CONFIG = "application/vnd.docker.ai.model.config.v0.1+json"
-MP_ARTIFACT = "application/vnd.cncf.model.manifest.v1+json"
-MP_CONFIG = "application/vnd.cncf.model.config.v1+json"
 NAME = "docker.io/ai/smollm2:360M-Q4_K_M"
-LICENSE = b"Apache License 2.0, for the test\n"
-TEMPLATE = b"{% for m in messages %}{{ m.content }}{% endfor %}"
-
-
-def sha(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-def desc(media: str, data: bytes, **annotations: str) -> dict[str, Any]:
-    d: dict[str, Any] = {"mediaType": media, "digest": sha(data), "size": len(data)}
-    if annotations:
-        d["annotations"] = annotations
-    return d
-
-
-def push_layout(
-    reg: Registry,
-    work: Path,
-    repo: str,
-    config: tuple[str, bytes],
-    layers: list[tuple[dict[str, Any], bytes]],
-    artifact_type: str | None = None,
-) -> str:
-    """Write an OCI image layout holding one manifest and push it with skopeo; the manifest's
-    digest."""
-    lay = work / ("layout-" + repo.replace("/", "-").replace(":", "-"))
-    blobs = lay / "blobs" / "sha256"
-    blobs.mkdir(parents=True, exist_ok=True)
-
-    def put(data: bytes) -> None:
-        (blobs / sha(data).removeprefix("sha256:")).write_bytes(data)
-
-    put(config[1])
-    for _, data in layers:
-        put(data)
-    manifest: dict[str, Any] = {"schemaVersion": 2, "mediaType": OCI_MANIFEST}
-    if artifact_type:
-        manifest["artifactType"] = artifact_type
-    manifest["config"] = desc(config[0], config[1])
-    manifest["layers"] = [d for d, _ in layers]
-    raw = json.dumps(manifest, indent=2).encode()
-    put(raw)
-    repo_name, tag = repo.rsplit(":", 1)
-    index = {
-        "schemaVersion": 2,
-        "manifests": [desc(OCI_MANIFEST, raw, **{"org.opencontainers.image.ref.name": tag})],
-    }
-    (lay / "index.json").write_text(json.dumps(index))
-    (lay / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
-    subprocess.run(
-        [
-            str(SKOPEO),
-            "copy",
-            "--quiet",
-            "--dest-tls-verify=false",
-            "--preserve-digests",
-            f"oci:{lay}:{tag}",
-            f"docker://{reg.address}/{repo_name}:{tag}",
-        ],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
-    return sha(raw)
 
 
 @pytest.fixture(scope="module")
@@ -129,45 +73,13 @@ def weights(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     """A small real GGUF with a vocabulary llama.cpp loads: the demo store's."""
     root = tmp_path_factory.mktemp("demo")
     build_demo_store(root)
-    layout = Layout(root)
-    doc = json.loads(layout.legacy_manifest(parse_name(VOCAB_ONLY_MODEL)).read_bytes())
-    [model] = [x for x in doc["layers"] if x["mediaType"].endswith(".model")]
-    return (root / "blobs" / model["digest"].replace(":", "-")).read_bytes()
+    return demo_gguf(root)
 
 
 @pytest.fixture
 def registry(tmp_path: Path) -> Iterator[Registry]:
     with running_registry(tmp_path / "registry") as reg:
         yield reg
-
-
-def dmr_artifact(
-    reg: Registry, work: Path, gguf: bytes, repo: str = NAME
-) -> tuple[str, list[bytes]]:
-    """A Docker Model Runner artifact as `docker model package` lays it out: GGUF, mmproj,
-    license, chat template; the config with a context size."""
-    mmproj = b"GGUF mmproj stand-in"
-    layers = [
-        (desc("application/vnd.docker.ai.gguf.v3", gguf), gguf),
-        (desc("application/vnd.docker.ai.mmproj", mmproj), mmproj),
-        (desc("application/vnd.docker.ai.license", LICENSE), LICENSE),
-        (desc("application/vnd.docker.ai.chat.template.jinja", TEMPLATE), TEMPLATE),
-    ]
-    config = {
-        "config": {
-            "format": "gguf",
-            "quantization": "Q4_K_M",
-            "parameters": "361.82 M",
-            "architecture": "llama",
-            "size": f"{len(gguf)} B",
-            "context_size": 2048,
-        },
-        "descriptor": {"created": "2026-01-02T03:04:05Z"},
-        "rootfs": {"type": "rootfs", "diff_ids": [d["digest"] for d, _ in layers]},
-    }
-    cfg = ("application/vnd.docker.ai.model.config.v0.1+json", json.dumps(config).encode())
-    digest = push_layout(reg, work, repo, cfg, layers)
-    return digest, [gguf, mmproj, LICENSE]
 
 
 def store_manifest(store: Path, name: str) -> dict[str, Any]:
@@ -188,7 +100,7 @@ def test_a_docker_model_runner_artifact_lands_as_an_ollama_model(
     """Pulled by the name asked, listed by Ollama's /api/tags with the artifact's facts, the
     weight, projector and license the artifact's own blobs (same digests), the context size
     a params layer, the source recorded; a re-pull fetches no blob."""
-    digest, (gguf, mmproj, lic) = dmr_artifact(registry, tmp_path, weights)
+    digest, (gguf, mmproj, lic) = dmr_artifact(registry, tmp_path, weights, NAME)
     store = tmp_path / "store"
     r = pull(store, registry.url, NAME)
     assert r.returncode == 0, r.stderr
@@ -314,44 +226,51 @@ def test_an_unknown_artifact_type_is_one_line_and_nothing_written(
     assert_nothing_written(store)
 
 
-def tar_of(name: str, data: bytes) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        info = tarfile.TarInfo(name)
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
+def test_a_modelpack_gguf_in_a_tar_layer_lands_and_goes_back_as_it_came(
+    registry: Registry, tmp_path: Path, weights: bytes
+) -> None:
+    """A GGUF in a ModelPack tar weight layer (docs/spec.md
+    `application/vnd.cncf.model.weight.v1.tar`): the member copied out is the model layer (the
+    GGUF's own digest), the tar kept; pushed back as modelpack, the registry gets the
+    artifact's own manifest (the same digest)."""
+    data = tar_of([("model.gguf", weights)])
+    layers = [(desc("application/vnd.cncf.model.weight.v1.tar", data), data)]
+    cfg = {"config": {"format": "gguf"}, "modelfs": {"type": "layers", "diffIds": [sha(data)]}}
+    config = ("application/vnd.cncf.model.config.v1+json", json.dumps(cfg).encode())
+    name = "ghcr.io/kit/tarred:v1"
+    digest = push_layout(registry, tmp_path, name, config, layers, MP_ARTIFACT)
+    store = tmp_path / "store"
+    r = pull(store, registry.url, name)
+    assert r.returncode == 0, r.stderr
+    doc = store_manifest(store, name)
+    by_type = {x["mediaType"]: x["digest"] for x in doc["layers"]}
+    assert by_type["application/vnd.ollama.image.model"] == sha(weights)
+    assert by_type["application/vnd.cncf.model.weight.v1.tar"] == sha(data)
+    assert blob(store, sha(weights)) == weights
+    with running_registry(tmp_path / "other") as other:  # none of its blobs there yet
+        r = modelfs("push", "--store", str(store), name, "--to", other.url, "--format", "modelpack")
+        assert r.returncode == 0, r.stderr
+        assert ("PUT", "/v2/ghcr.io/kit/tarred/manifests/v1") in other.requests()
+        assert sha(inspect_raw(other, "ghcr.io/kit/tarred:v1")) == digest
 
 
-@pytest.mark.parametrize(
-    "case", ["modelpack-tar", "docker-model-shards", "docker-safetensors", "docker-dduf"]
-)
+@pytest.mark.parametrize("case", ["docker-model-shards", "docker-dduf"])
 def test_layers_not_landed_yet_are_one_line_before_any_fetch(
     registry: Registry, tmp_path: Path, weights: bytes, case: str
 ) -> None:
-    """A ModelPack tar weight layer (docs/spec.md `application/vnd.cncf.model.weight.v1.tar`),
-    a GGUF in shards (several `application/vnd.docker.ai.gguf.v3` layers, as
-    `docker model package` writes a split GGUF), safetensors and DDUF weights are not landed yet:
-    one line naming what, no blob fetched, nothing written."""
-    if case == "modelpack-tar":
-        data = tar_of("model.gguf", weights)
-        cfg = {"config": {"format": "gguf"}, "modelfs": {"type": "layers", "diffIds": []}}
-        config = ("application/vnd.cncf.model.config.v1+json", json.dumps(cfg).encode())
-        layers = [(desc("application/vnd.cncf.model.weight.v1.tar", data), data)]
-        artifact_type: str | None = "application/vnd.cncf.model.manifest.v1+json"
-        said = "application/vnd.cncf.model.weight.v1.tar"
-    else:
-        media = {
-            "docker-model-shards": "application/vnd.docker.ai.gguf.v3",
-            "docker-safetensors": "application/vnd.docker.ai.safetensors",
-            "docker-dduf": "application/vnd.docker.ai.dduf",
-        }[case]
-        parts = [weights[: len(weights) // 2], weights[len(weights) // 2 :]]
-        cfg = {"config": {"format": "gguf"}, "descriptor": {}, "rootfs": {"type": "rootfs"}}
-        config = ("application/vnd.docker.ai.model.config.v0.1+json", json.dumps(cfg).encode())
-        layers = [(desc(media, p), p) for p in parts]
-        artifact_type = None
-        said = {"docker-model-shards": "2 shards", "docker-dduf": "no GGUF"}.get(case, media)
+    """A GGUF in shards (several `application/vnd.docker.ai.gguf.v3` layers, as
+    `docker model package` writes a split GGUF) and DDUF weights are not landed yet: one line
+    naming what, no blob fetched, nothing written."""
+    media = {
+        "docker-model-shards": "application/vnd.docker.ai.gguf.v3",
+        "docker-dduf": "application/vnd.docker.ai.dduf",
+    }[case]
+    parts = [weights[: len(weights) // 2], weights[len(weights) // 2 :]]
+    cfg = {"config": {"format": "gguf"}, "descriptor": {}, "rootfs": {"type": "rootfs"}}
+    config = ("application/vnd.docker.ai.model.config.v0.1+json", json.dumps(cfg).encode())
+    layers = [(desc(media, p), p) for p in parts]
+    artifact_type = None
+    said = {"docker-model-shards": "2 shards", "docker-dduf": "no GGUF"}[case]
     name = f"ghcr.io/refused/{case}:v1"
     push_layout(registry, tmp_path, name, config, layers, artifact_type)
     store = tmp_path / "store"
@@ -366,21 +285,32 @@ def test_layers_not_landed_yet_are_one_line_before_any_fetch(
 
 @fuse
 @pytest.mark.slow
+@pytest.mark.parametrize("packing", ["docker-model", "modelpack-tar"])
 def test_llama_cpp_loads_the_pulled_artifact_through_the_mount(
-    registry: Registry, tmp_path: Path, weights: bytes
+    registry: Registry, tmp_path: Path, weights: bytes, packing: str
 ) -> None:
-    """llama.cpp reads the vocabulary of the pulled Docker Model Runner GGUF from the mount's
-    plain path, as from the bytes pushed."""
+    """llama.cpp reads the vocabulary of the pulled GGUF (a Docker Model Runner layer, or a
+    ModelPack tar layer's member copied out) from the mount's plain path, as from the bytes
+    pushed."""
     llama_cpp = pytest.importorskip("llama_cpp")
-    dmr_artifact(registry, tmp_path, weights)
+    if packing == "docker-model":
+        name = NAME
+        dmr_artifact(registry, tmp_path, weights, name)
+    else:
+        name = "ghcr.io/kit/tarred:v1"
+        data = tar_of([("model.gguf", weights)])
+        layers = [(desc("application/vnd.cncf.model.weight.v1.tar", data), data)]
+        cfg = {"config": {"format": "gguf"}, "modelfs": {"type": "layers", "diffIds": []}}
+        config = (MP_CONFIG, json.dumps(cfg).encode())
+        push_layout(registry, tmp_path, name, config, layers, MP_ARTIFACT)
     store = tmp_path / "store"
-    r = pull(store, registry.url, NAME)
+    r = pull(store, registry.url, name)
     assert r.returncode == 0, r.stderr
     source = tmp_path / "weights.gguf"
     source.write_bytes(weights)
     mnt = tmp_path / "mnt"
     with mounted(store, mnt):
-        path = mnt.joinpath(*short_path(parse_name(NAME)), "model.gguf")
+        path = mnt.joinpath(*short_path(parse_name(name)), "model.gguf")
         llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
         native = llama_cpp.Llama(model_path=str(source), vocab_only=True, verbose=False)
         assert llm.tokenize(b"hello world", add_bos=False) == native.tokenize(
@@ -452,8 +382,8 @@ def test_a_name_on_the_registrys_own_host_is_its_repository_there(
 ) -> None:
     """`HOST/ai/smollm2:TAG` from the registry at HOST is its `ai/smollm2` there, where
     `docker model push` and every other client put it; the model keeps the name asked, and is
-    pushed back there."""
-    dmr_artifact(registry, tmp_path, weights, repo="ai/smollm2:360M-Q4_K_M")
+    pushed back there as it came (the same manifest digest)."""
+    digest, _ = dmr_artifact(registry, tmp_path, weights, repo="ai/smollm2:360M-Q4_K_M")
     store = tmp_path / "store"
     name = f"{registry.address}/ai/smollm2:360M-Q4_K_M"
     r = pull(store, registry.url, name)
@@ -470,8 +400,8 @@ def test_a_name_on_the_registrys_own_host_is_its_repository_there(
     )
     assert r.returncode == 0, r.stderr
     assert "/ai/smollm2:360M-Q4_K_M" in r.stdout
-    put = ("PUT", "/v2/ai/smollm2/manifests/360M-Q4_K_M")
-    assert registry.requests().count(put) == 2  # skopeo's, then ours
+    # The artifact as it came: the manifest the registry holds already (so not put again).
+    assert sha(inspect_raw(registry, "ai/smollm2:360M-Q4_K_M")) == digest
     again = tmp_path / "again"
     r = pull(again, registry.url, name)
     assert r.returncode == 0, r.stderr
@@ -497,7 +427,7 @@ def test_weights_an_ollama_model_has_are_not_fetched_again(
 ) -> None:
     """Into a store whose Ollama model has the same GGUF: that blob is not fetched, and both
     models name the one file."""
-    dmr_artifact(registry, tmp_path, weights)
+    dmr_artifact(registry, tmp_path, weights, NAME)
     store = tmp_path / "store"
     shutil.copytree(demo, store, symlinks=True)
     r = pull(store, registry.url, NAME)

@@ -2,7 +2,8 @@
 docs are tested"), and the README's length.
 
 A block is a list of `$ ` commands, each followed by what it prints. The HTML comment right above
-a block says what it needs (`<!-- console: store=demo mount=/mnt/models peer=URL port=N -->`);
+a block says what it needs (`<!-- console: store=demo mount=/mnt/models peer=URL port=N -->`;
+`artifacts=docker-model|modelpack` puts tests/artifacts.py's example in the first registry);
 the runner makes it real (a copy of the demo store in a home of the block's own, a FUSE mount, a
 `modelfs serve` or `docker-registry` on loopback, a free port) and stands its paths and addresses
 in for the ones the block names, both ways. `MODELFS_DOCS_UPDATE=1` writes what the commands
@@ -28,6 +29,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from tests.artifacts import seed
 from tests.mounting import force_unmount, fuse
 from tests.processes import stop
 from tests.registry import DOCKER_REGISTRY, free_port, running_registry
@@ -393,6 +395,8 @@ def run_block(block: Block, tmp: Path, demo: Path) -> list[list[str]]:
                 pytest.skip(f"needs {DOCKER_REGISTRY}")
             registry = stack.enter_context(running_registry(tmp / f"registry-{n}"))
             subs.append((_netloc(url), registry.address))
+            for kind in option.get("artifacts", []) if n == 0 else []:
+                seed(registry, tmp, kind, demo)  # what another tool pushed there
         subs += [(n, str(home / n.lstrip("/"))) for n in block.files if n.startswith("/")]
         for name, text in block.files.items():
             path = home / name.lstrip("/")
@@ -509,6 +513,7 @@ def test_every_block_has_commands_and_every_page_is_linked() -> None:
             "port",
             "host",
             "token",
+            "artifacts",
         }
         assert not unknown, (b.id, unknown)
 

@@ -190,6 +190,14 @@ class LeaseKeeper:
     def digests(self) -> frozenset[Digest]:
         return frozenset(self._digests)
 
+    def holds(self, digest: Digest) -> int:
+        """How many holds of this process's callers are on `digest`."""
+        return self._digests[digest]
+
+    def mine(self, lease: Lease) -> bool:
+        """Whether `lease` (as read from disk) is this one."""
+        return lease.path == self.path
+
     def snapshot(self) -> tuple[int, bytes]:
         """The version and the bytes to write; take them on the owner's side of a thread hop."""
         body = {

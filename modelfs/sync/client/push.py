@@ -44,7 +44,12 @@ import trio
 from modelfs.store.digest import CHUNK, Digest
 from modelfs.store.disk.fileio import open_binary
 from modelfs.store.errors import CorruptBlobError, InvalidDigestError, MissingBlobError, StoreError
-from modelfs.store.formats.artifacts import OLLAMA, UnsupportedArtifactError, pack
+from modelfs.store.formats.artifacts import (
+    OLLAMA,
+    UnsupportedArtifactError,
+    pack,
+    source_artifact,
+)
 from modelfs.store.manifest import (
     MAX_MANIFEST_BYTES,
     MEDIA_MANIFEST,
@@ -203,6 +208,11 @@ def plan_model(
     blobs: dict[Digest, BlobSource] = {}
     top = entry.top
     if isinstance(top, Manifest):
+        source = source_artifact(index.layout, top, fmt) if fmt != OLLAMA else None
+        if source is not None:
+            # Landed from this format: the artifact goes back as it came, the same digest.
+            _manifest_blobs(index, name, source, name.shortest, blobs)
+            return ModelPlan(name, repository, tag, source, tuple(blobs.values()))
         _manifest_blobs(index, name, top, name.shortest, blobs)
         if fmt != OLLAMA:
             packed = pack(top, index.config(top), fmt)

@@ -35,10 +35,10 @@ import trio
 from modelfs.runtime.leasing import LiveLease, leased
 from modelfs.store.blobs import BlobStore
 from modelfs.store.digest import Digest
-from modelfs.store.errors import StoreError
+from modelfs.store.errors import ManifestError, StoreError
 from modelfs.store.formats.artifacts import check_artifact, land
 from modelfs.store.layout import Layout
-from modelfs.store.leases import LeaseKeeper
+from modelfs.store.leases import LeaseKeeper, read_leases
 from modelfs.store.manifest import Manifest, ManifestList
 from modelfs.store.names import Name, parse_name
 from modelfs.store.scan import child_runner, rank_children
@@ -180,6 +180,7 @@ class Puller:
             # a GC (ours on another host, whose view of our lease may lag behind; Ollama's
             # prune) spares young blobs, and its last look before a move sees the change.
             missing = await trio.to_thread.run_sync(self._missing, blobs, True)
+            fetched_here = list(missing)
             for digest, size in blobs.items():
                 if digest not in missing:
                     result.present += 1
@@ -193,7 +194,13 @@ class Puller:
                 )
             else:
                 # Another tool's model artifact becomes an Ollama manifest naming its blobs.
-                raw = await trio.to_thread.run_sync(land, self.store, parsed)
+                try:
+                    raw = await trio.to_thread.run_sync(land, self.store, parsed)
+                except ManifestError:
+                    # Refused for what only its blobs showed (a tar's members): what this
+                    # pull fetched for it goes again, as if never asked for.
+                    await trio.to_thread.run_sync(self._discard, fetched_here, lease.keeper)
+                    raise
                 written = await trio.to_thread.run_sync(
                     self.manifests.write_manifest, name, raw, had_v2
                 )
@@ -202,6 +209,18 @@ class Puller:
         result.written = [str(p.relative_to(self.layout.root)) for p in written]
         self.progress.done(label)
         return result
+
+    def _discard(self, digests: list[Digest], keeper: LeaseKeeper) -> None:
+        """Remove blobs this pull fetched that nothing else holds: no other pull of this
+        process (a daemon's share one lease) and no other process's lease."""
+        others: set[Digest] = set()
+        for held in read_leases(self.layout).live:
+            if not keeper.mine(held):
+                others |= held.digests
+        for d in digests:
+            if keeper.holds(d) <= 1 and d not in others:
+                with contextlib.suppress(FileNotFoundError):
+                    self.layout.blob(d).unlink()
 
     def _missing(self, blobs: dict[Digest, int], freshen: bool = False) -> list[Digest]:
         """The blobs not here with the right size; with `freshen`, each one here gets a fresh

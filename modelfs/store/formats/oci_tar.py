@@ -1,0 +1,125 @@
+"""The files of an artifact's tar layer (ModelPack's `*.v1.tar` layers, modelpack/model-spec@
+d78bf3231b4f26196c4a955e1007ccc47e19a77c docs/spec.md "layers"; Docker Model Runner's
+`vllm.config.tar` and `dir.tar`, docker/model-runner@642c7211 pkg/distribution/types/config.go),
+read without unpacking anything: each regular file's name, size and where its bytes start in
+the tar, so that a landing copies them into blobs of their own and keeps the tar as it came.
+
+    tar_members(path, what) -> [TarMember]     (UnsafeTarError)
+
+A tar is a list of names someone else chose: one that could write outside a model's directory
+(absolute, `..`), name one file twice, link, or make a device, a FIFO or a sparse file, and one
+of more members than any model has, is refused whole, before any member is copied.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from modelfs.store.errors import ManifestError
+
+# A model repository holds tens of files, a sharded one a few hundred; a tar of more members
+# is not a model, and its header walk alone would cost a read per member.
+MAX_MEMBERS = 4096
+MAX_NAME = 1024
+
+
+class UnsafeTarError(ManifestError):
+    """A tar layer whose members cannot be landed as files of a model."""
+
+
+@dataclass(frozen=True, slots=True)
+class TarMember:
+    name: str  # relative, '/'-separated, no `.` or `..` parts
+    offset: int  # where its bytes start in the tar
+    size: int
+
+
+def _kind(info: tarfile.TarInfo) -> str:
+    if info.issym():
+        return f"a symlink to {info.linkname!r}"
+    if info.islnk():
+        return f"a hard link to {info.linkname!r}"
+    if info.ischr() or info.isblk():
+        return "a device"
+    if info.isfifo():
+        return "a FIFO"
+    if info.issparse():
+        return "a sparse file"
+    return f"of tar type {info.type!r}"
+
+
+def _clean(name: str, what: str) -> str:
+    """`name` as a relative path inside the model's directory; refused if it could leave it."""
+    trimmed = name.removeprefix("./").rstrip("/")
+    parts = trimmed.split("/")
+    if (
+        not trimmed
+        or len(name) > MAX_NAME
+        or name.startswith("/")
+        or any(p in ("", ".", "..") or "\\" in p or "\x00" in p for p in parts)
+    ):
+        raise UnsafeTarError(f"{what}: member {name!r} is not a plain relative path; refused")
+    return trimmed
+
+
+def tar_members(path: Path, what: str) -> list[TarMember]:
+    """The regular files of the uncompressed tar at `path`, in tar order; every member is
+    checked before this returns, so a refusal leaves nothing half copied."""
+    size = os.stat(path).st_size
+    files: dict[str, TarMember] = {}
+    dirs: set[str] = set()
+    count = 0
+    try:
+        # "r:" reads an uncompressed tar only: a compressed one is a ReadError, not inflated.
+        with tarfile.open(path, "r:") as tar:
+            while (info := tar.next()) is not None:
+                count += 1
+                if count > MAX_MEMBERS:
+                    raise UnsafeTarError(f"{what}: more than {MAX_MEMBERS} members; refused")
+                name = _clean(info.name, what)
+                if info.isdir():
+                    if name in files:
+                        raise UnsafeTarError(f"{what}: {name!r} is a file and a directory")
+                    dirs.add(name)
+                    continue
+                if not info.isreg() or info.issparse():
+                    raise UnsafeTarError(f"{what}: member {name!r} is {_kind(info)}; refused")
+                if name in files or name in dirs:
+                    raise UnsafeTarError(f"{what}: member {name!r} appears twice; refused")
+                if info.offset_data + info.size > size:
+                    raise UnsafeTarError(f"{what}: member {name!r} runs past the tar's end")
+                files[name] = TarMember(name, info.offset_data, info.size)
+    except (tarfile.TarError, EOFError) as exc:
+        raise UnsafeTarError(f"{what}: not an uncompressed tar ({exc})") from None
+    parents = {"/".join(n.split("/")[:i]) for n in files for i in range(1, n.count("/") + 1)}
+    clash = sorted(parents & files.keys())
+    if clash:
+        raise UnsafeTarError(f"{what}: {clash[0]!r} is a file and a directory; refused")
+    return list(files.values())
+
+
+class TarSlice(io.RawIOBase):
+    """A member's bytes, read from the tar as a stream (BlobStore.put_stream)."""
+
+    def __init__(self, path: Path, member: TarMember) -> None:
+        super().__init__()
+        self._f = open(path, "rb")  # noqa: SIM115 - closed with this stream
+        self._f.seek(member.offset)
+        self._left = member.size
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview | bytearray) -> int:  # type: ignore[override]
+        view = memoryview(buffer)[: self._left]
+        n = self._f.readinto(view)
+        self._left -= n
+        return n
+
+    def close(self) -> None:
+        self._f.close()
+        super().close()
