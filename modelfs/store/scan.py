@@ -30,7 +30,9 @@ from modelfs.store.errors import (
     ModelNotFoundError,
     StoreError,
 )
-from modelfs.store.index.scancache import Listing, Stamp, racy, scan_started, stamp
+from modelfs.store.index.indexfile import Stamp, racy, stamp
+from modelfs.store.index.indexfile import started as scan_started
+from modelfs.store.index.scancache import Listing
 from modelfs.store.index.scancache import ScanCache as ScanCache
 from modelfs.store.layout import Layout
 from modelfs.store.manifest import (
@@ -226,6 +228,11 @@ class StoreIndex:
     _configs: dict[Digest, ModelConfig | None] = field(default_factory=dict, repr=False)
     _blob_info: dict[str, BlobInfo | None] = field(default_factory=dict, repr=False)  # by hex
     _blobs_fd: int | None = field(default=None, repr=False)  # blobs/, open during the scan
+    # Blob sizes by hex from the scan index, while blobs/ is as it was when they were taken (a
+    # blob's bytes change only by a rename into blobs/: store.index.scancache); and the sizes
+    # this index's checks used, for the next.
+    _sizes: dict[str, int | None] | None = field(default=None, repr=False)
+    _sizes_used: dict[str, int | None] = field(default_factory=dict, repr=False)
     cache: ScanCache | None = field(default=None, repr=False)
 
     # -- lookups -------------------------------------------------------------------------
@@ -306,11 +313,16 @@ class StoreIndex:
             sizes[layer.digest.hex] = (layer.digest, layer.size)
         if manifest.config is not None:
             sizes[manifest.config.digest.hex] = (manifest.config.digest, manifest.config.size)
-        known = self._blob_info
+        known, trusted, used = self._blob_info, self._sizes, self._sizes_used
         missing = []
         for hex_, (digest, size) in sizes.items():
-            info = known[hex_] if hex_ in known else self._look_at_blob(hex_)
-            if info is None or info.size != size:
+            if trusted is not None and hex_ in trusted:
+                got = trusted[hex_]
+            else:
+                info = known[hex_] if hex_ in known else self._look_at_blob(hex_)
+                got = None if info is None else info.size
+            used[hex_] = got
+            if got != size:
                 missing.append(digest)
         return missing
 
@@ -405,7 +417,7 @@ class Scanner:
         self._links: dict[str, tuple[Stamp, str]] = {}
         self._blob_met: dict[str, tuple[Stamp, Manifest | ManifestList]] = {}
         self._listing: Listing | None = None
-        self._read = 0  # files read and parsed, not taken from the cache
+        self._read = 0  # files read, parsed and kept for the cache: it differs from the last
         self._started = scan_started()
         self._prefix = str(layout.root).rstrip("/") + "/"
         self._manifest_blobs: dict[Digest, Manifest | ManifestList | StoreError] = {}
@@ -452,16 +464,19 @@ class Scanner:
     def _keep(self, cache: ScanCache) -> None:
         """Leave in `cache` what this scan met, and mark it for saving when that differs."""
         configs = {d: c for d, c in self.index._configs.items() if c is not None}
+        listing, used = self._listing, self.index._sizes_used
+        if listing is not None and used.keys() != listing[3].keys():
+            listing = (*listing[:3], used)
         same = (
             not self._read
-            and self._listing is cache.listing
+            and listing is cache.listing
             and len(self._met) == len(cache.manifests)
             and len(self._links) == len(cache.links)
             and len(self._blob_met) == len(cache.blob_manifests)
             and configs.keys() == cache.configs.keys()
         )
         cache.manifests, cache.links, cache.blob_manifests = self._met, self._links, self._blob_met
-        cache.configs, cache.listing = configs, self._listing
+        cache.configs, cache.listing = configs, listing
         cache.dirty = cache.dirty or not same
 
     # -- blobs ---------------------------------------------------------------------------
@@ -477,6 +492,7 @@ class Scanner:
         known = self.cache.listing if self.cache is not None else None
         if known is not None and known[0] == key:
             self._listing = known
+            self.index._sizes = known[3]
             self.index.blob_names = set(known[1])
             for kind, path, message in known[2]:
                 self._problem(kind, path, message)
@@ -486,7 +502,7 @@ class Scanner:
         fresh = dst is not None and not racy(max(dst.st_mtime_ns, dst.st_ctime_ns), self._started)
         if self.cache is not None and key is not None and fresh:
             found = tuple((p.kind, p.path, p.message) for p in self.index.problems[first:])
-            self._listing = (key, frozenset(self.index.blob_names), found)
+            self._listing = (key, frozenset(self.index.blob_names), found, {})
         return paths
 
     def _list_blob_dir(self, paths: list[str]) -> None:
@@ -608,15 +624,16 @@ class Scanner:
                     return hit
         raw, st, blob_name = self._read_manifest_file(de, rel, v2=v2)
         top = parse_manifest(raw, rel)
-        self._read += 1
         if lst is not None and not racy(st.st_ctime_ns, self._started):
             if blob_name is None:
                 if stat.S_ISREG(lst.st_mode):  # a legacy link is read, not kept
                     self._met[path] = (stamp(st), top)
+                    self._read += 1
             elif stat.S_ISLNK(lst.st_mode) and not racy(lst.st_ctime_ns, self._started):
                 # lstat before readlink: a link replaced meanwhile has another stamp now.
                 self._links[path] = (stamp(lst), blob_name)
                 self._blob_met[blob_name] = (stamp(st), top)
+                self._read += 1
         return top, st.st_mtime_ns
 
     def _cached_link(
@@ -714,13 +731,13 @@ class Scanner:
                 path, fd = self.index._blob(digest.blob_name)
                 # Not followed: the listing took it for a regular file.
                 raw, st = read_file_stat(path, MAX_MANIFEST_BYTES, follow=False, dir_fd=fd)
-                self._read += 1
                 if hashlib.sha256(raw).hexdigest() != digest.hex:
                     result = ManifestError(f"{rel}: bytes do not match the name")
                 else:
                     result = parse_manifest(raw, rel)
                     if self.cache is not None and not racy(st.st_ctime_ns, self._started):
                         self._blob_met[digest.blob_name] = (stamp(st), result)
+                        self._read += 1
             except OSError as exc:
                 result = ManifestError(f"{rel}: {exc.strerror}")
             except StoreError as exc:

@@ -12,63 +12,46 @@ was, looked at afresh by every scan:
 - a `manifests-v2/` link by its own stamp (a link is never changed in place: a new one is a new
   inode and ctime) and the stamp of the blob it lands on, which the scan stats anyway;
 - a manifest stored as a blob (a v2 tag's, a list's child) by that blob's stamp;
-- the listing of `blobs/` by that directory's (device, inode, mtime_ns): a name appears or goes
-  only by a create, rename or unlink in it (Ollama writes a blob under a temp name and renames
-  it: manifest/layer.go:32,58, server/download.go:326), each of which moves its mtime. The
-  blobs' sizes and mtimes are not taken from here: `touchLayer` changes a blob's mtime in place;
+- the listing of `blobs/`, and the sizes of the blobs the scan checked, by that directory's
+  (device, inode, mtime_ns): a name appears or goes, and a blob's bytes change, only by a
+  create, rename or unlink in it (Ollama writes a blob under a temp name and renames it:
+  manifest/layer.go:32,58, server/download.go:326; so do we), each of which moves its mtime.
+  A blob truncated in place by hand is `verify`'s to find. Blob mtimes are never taken from
+  here (`touchLayer` changes them in place): `blob_info` looks each time;
 - a config by its digest, while its blob is listed (as before this file existed).
 
-A stamp is only as fine as the filesystem's clock: two writes within one tick of it can leave
-the same stamp. So what changed within RACY_NS of the scan that read it is not kept (it is read
-again next time, as git treats a "racily clean" index entry); the margin also covers a network
-filesystem's server clock running a little behind ours.
-
-The file is marshal data (no code runs on loading it, and it loads 4x faster than pickle,
-measured on 9,000 manifests) behind a header of its format version, length and CRC-32. It is
-used only when it is a regular file owned by us and writable by no one else: anything else
-(absent, unreadable, corrupt, truncated, another version, someone else's) is one log line
-and a full scan, whose result replaces it. It is written to a temp name beside it
-and renamed over (two writers, a mount and an `ls`, or two hosts on NFS: the last rename wins,
-and either file is whole and checked on use), only when the scan found something changed; a
-store we cannot write to (read-only, someone else's) is scanned without saving.
+What changed within indexfile.RACY_NS of the scan that read it is not kept (a stamp is only as
+fine as the filesystem's clock). The file, how it is trusted, written and rebuilt: indexfile.
+It is saved only when the scan found something changed.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import marshal
-import os
-import secrets
-import stat
-import struct
-import time
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from modelfs.store.digest import Digest
+from modelfs.store.index.indexfile import Stamp, read_index, write_index
 from modelfs.store.layout import Layout
 from modelfs.store.manifest import Layer, ListChild, Manifest, ManifestList, ModelConfig
 
 log = logging.getLogger(__name__)
 
-Stamp = tuple[int, int, int, int]  # (inode, size, mtime_ns, ctime_ns)
 Parsed = Manifest | ManifestList
-# blobs/'s (device, inode, mtime_ns) -> the blob names listed, and (kind, path, message) of
-# each problem the listing found.
-Listing = tuple[tuple[int, int, int], frozenset[str], tuple[tuple[str, str, str], ...]]
+# blobs/'s (device, inode, mtime_ns) -> the blob names listed, (kind, path, message) of each
+# problem the listing found, and the sizes of the blobs the scan's checks looked at, by hex.
+Listing = tuple[
+    tuple[int, int, int],
+    frozenset[str],
+    tuple[tuple[str, str, str], ...],
+    dict[str, int | None],
+]
 
 FORMAT_VERSION = 1
 MAGIC = b"modelfs scan index\n"
-_HEADER = struct.Struct("<IIQ")  # version, crc32 of the payload, payload length
-RACY_NS = 2_000_000_000
 FILE_NAME = "scan-index"
-
-
-def stamp(st: os.stat_result) -> Stamp:
-    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 @dataclass(slots=True)
@@ -109,45 +92,14 @@ class ScanCache:
         self.dirty = False
 
 
-def racy(ctime_ns: int, since_ns: int) -> bool:
-    """Whether a change at `ctime_ns` is too close to a read begun at `since_ns` to tell from
-    a later one by its stamp."""
-    return ctime_ns >= since_ns - RACY_NS
-
-
 # -- the file --------------------------------------------------------------------------------
 def _load(cache: ScanCache, path: Path, root: str) -> str | None:
     """Fill `cache` from `path`; why it cannot be used, or None (an absent file is no news)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
+    obj, why = read_index(path, MAGIC, FORMAT_VERSION)
+    if why is not None or obj is None:
         cache.dirty = True
-        return None
-    except OSError as exc:
-        return f"unreadable ({exc.strerror or exc})"
+        return why
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return "not a regular file"
-        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
-            return "not written by this user alone, so not trusted"
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read()
-    except OSError as exc:
-        return f"unreadable ({exc.strerror or exc})"
-    finally:
-        os.close(fd)
-    head = len(MAGIC) + _HEADER.size
-    if len(data) < head or not data.startswith(MAGIC):
-        return "not a scan index"
-    version, crc, length = _HEADER.unpack_from(data, len(MAGIC))
-    if version != FORMAT_VERSION:
-        return f"format {version}, not {FORMAT_VERSION}"
-    body = memoryview(data)[head:]
-    if len(body) != length or zlib.crc32(body) != crc:
-        return "corrupt (length or checksum)"
-    try:
-        obj = marshal.loads(body)
         if obj[0] != root:
             # The same store by another path (a link to it, another host's mount point):
             # its keys are paths, so none would match; not news either.
@@ -163,29 +115,7 @@ def _load(cache: ScanCache, path: Path, root: str) -> str | None:
 
 
 def _save(cache: ScanCache, path: Path) -> None:
-    body = marshal.dumps(_encode(cache))
-    header = MAGIC + _HEADER.pack(FORMAT_VERSION, zlib.crc32(body), len(body))
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(path.parent, 0o755)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-    try:
-        with os.fdopen(fd, "wb", closefd=False) as f:
-            f.write(header)
-            f.write(body)
-        os.fchmod(fd, 0o644)  # whatever the umask: the loader refuses a group-writable file
-    except BaseException:
-        os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    os.close(fd)
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_index(path, MAGIC, FORMAT_VERSION, _encode(cache))
 
 
 # -- the codec: plain tuples, rebuilt into the store's own types --------------------------------
@@ -226,7 +156,7 @@ def _encode(cache: ScanCache) -> tuple[Any, ...]:
         [(p, s, name) for p, (s, name) in cache.links.items()],
         [(n, s, _manifest_t(m)) for n, (s, m) in cache.blob_manifests.items()],
         [(d.hex, _config_t(c)) for d, c in cache.configs.items()],
-        cache.listing and (cache.listing[0], tuple(cache.listing[1]), cache.listing[2]),
+        cache.listing and (*cache.listing[:1], tuple(cache.listing[1]), *cache.listing[2:]),
     )
 
 
@@ -293,10 +223,7 @@ def _decode(cache: ScanCache, obj: Any) -> None:
     cache.blob_manifests = {n: (tuple(s), dec.manifest(m)) for n, s, m in blob_manifests}
     cache.configs = {dec.digest(h): ModelConfig(*c) for h, c in configs}
     if listing:
-        key, names, problems = listing
-        cache.listing = (tuple(key), frozenset(names), tuple(tuple(p) for p in problems))
-
-
-def scan_started() -> int:
-    """The wall clock a scan compares stamps with (`racy`)."""
-    return time.time_ns()
+        key, names, problems, sizes = listing
+        if not isinstance(sizes, dict):
+            raise TypeError("sizes")
+        cache.listing = (tuple(key), frozenset(names), tuple(tuple(p) for p in problems), sizes)
