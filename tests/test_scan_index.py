@@ -15,7 +15,9 @@ from typing import Any
 
 import pytest
 
-from modelfs.store.index import scancache
+from modelfs.store.collect.reach import Reach, reachable
+from modelfs.store.index import indexfile, scancache
+from modelfs.store.index.reachcache import ReachCache
 from modelfs.store.scan import ScanCache, StoreIndex, scan_store
 from tests.builders import TinyStore
 
@@ -50,6 +52,16 @@ def answer(index: StoreIndex) -> dict[str, Any]:
             (str(e.name), repr(index.config(v.manifest))) for e in index for v in e.variants
         ),
     }
+
+
+def reach_answer(reach: Reach) -> tuple[Any, ...]:
+    return (
+        sorted(reach.blob_names),
+        reach.manifests,
+        sorted(str(p) for p in reach.unreadable),
+        sorted(str(p) for p in reach.strays),
+        sorted(str(p) for p in reach.removed),
+    )
 
 
 class Editor:
@@ -100,7 +112,7 @@ class Editor:
             if blobs:
                 rng.choice(blobs).unlink()
         elif what == "corrupt":
-            index = tiny.layout.state / scancache.FILE_NAME
+            index = tiny.layout.state / rng.choice([scancache.FILE_NAME, "reach-index"])
             if index.exists():
                 data = bytearray(index.read_bytes())
                 data[rng.randrange(len(data))] ^= 0xFF
@@ -111,7 +123,7 @@ class Editor:
 def test_the_index_answers_as_a_fresh_scan_over_random_edits(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(scancache, "RACY_NS", RACY_NS)
+    monkeypatch.setattr(indexfile, "RACY_NS", RACY_NS)
     tiny = TinyStore(tmp_path / "models")
     editor = Editor(tiny, random.Random(20261206))
     long_lived = ScanCache.open(tiny.layout)  # a mount's: in memory across scans, and saved
@@ -124,6 +136,9 @@ def test_the_index_answers_as_a_fresh_scan_over_random_edits(
         assert answer(scan_store(tiny.root, long_lived)) == fresh, done[-4:]
         # What a command does: open the saved index, scan, save.
         assert answer(scan_store(tiny.root, ScanCache.open(tiny.layout))) == fresh, done[-4:]
+        # And GC's plan: its reach index against a reach that reads everything.
+        cached = reachable(tiny.layout, cache=ReachCache.open(tiny.layout))
+        assert reach_answer(cached) == reach_answer(reachable(tiny.layout)), done[-4:]
     assert {"rewrite", "remove", "rm-blob", "corrupt", "list"} <= set(done)
 
 
@@ -132,7 +147,7 @@ def test_edits_by_another_process_reach_a_long_lived_scanner(
 ) -> None:
     """Another host's writes, made by a second process between a mount's rescans, and that
     process's own saves of the index, which the mount then overwrites."""
-    monkeypatch.setattr(scancache, "RACY_NS", RACY_NS)
+    monkeypatch.setattr(indexfile, "RACY_NS", RACY_NS)
     tiny = TinyStore(tmp_path / "models")
     for i in range(5):
         tiny.gguf_model(f"a{i}:1", payload=b"weights %d" % i)
@@ -141,8 +156,8 @@ def test_edits_by_another_process_reach_a_long_lived_scanner(
     scan_store(tiny.root, cache)
     script = (
         "import json, os, sys, time\n"
-        "from modelfs.store.index import scancache\n"
-        f"scancache.RACY_NS = {RACY_NS}\n"
+        "from modelfs.store.index import indexfile\n"
+        f"indexfile.RACY_NS = {RACY_NS}\n"
         "from modelfs.store.scan import ScanCache, scan_store\n"
         "from modelfs.store.layout import Layout\n"
         "from tests.builders import TinyStore\n"
@@ -174,7 +189,7 @@ def test_edits_by_another_process_reach_a_long_lived_scanner(
 def test_a_file_not_ours_alone_is_ignored_and_a_read_only_store_still_scans(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(scancache, "RACY_NS", RACY_NS)
+    monkeypatch.setattr(indexfile, "RACY_NS", RACY_NS)
     tiny = TinyStore(tmp_path / "models")
     tiny.gguf_model("a:1")
     time.sleep(SETTLE)

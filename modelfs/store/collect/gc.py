@@ -45,6 +45,7 @@ from modelfs.store.collector import cycles_uncollected
 from modelfs.store.digest import Digest, is_blob_name
 from modelfs.store.disk.owner import make_dirs, write_atomic
 from modelfs.store.errors import StoreError
+from modelfs.store.index.reachcache import ReachCache
 from modelfs.store.layout import Layout
 from modelfs.store.leases import LeaseSet, read_leases
 from modelfs.store.scan import Problem
@@ -200,7 +201,10 @@ def _plan(layout: Layout, policy: GcPolicy, now: float) -> GcPlan:
     plan = GcPlan(now, policy)
     trashed = trash_index(layout)
     leases = read_leases(layout, now)
-    reach = reachable(layout, manifests=leases.manifests, trash=trashed)
+    # The plan may use the reach index (tag files unchanged since the last plan are not read
+    # again); the look just before anything moves, `leases_and_reach`, reads every manifest.
+    cache = ReachCache.open(layout)
+    reach = reachable(layout, manifests=leases.manifests, trash=trashed, cache=cache)
     plan.refused = [*reach.unreadable, *leases.unreadable]
     plan.strays = list(reach.strays)
     history, problem = history_roots(layout, now)

@@ -28,6 +28,7 @@ from pathlib import Path
 from modelfs.store.collector import cycles_uncollected
 from modelfs.store.digest import Digest, is_blob_name
 from modelfs.store.errors import InvalidNameError, ManifestError, StoreError
+from modelfs.store.index.reachcache import ReachCache
 from modelfs.store.layout import Layout
 from modelfs.store.manifest import (
     MAX_MANIFEST_BYTES,
@@ -71,9 +72,12 @@ class Reach:
 
 
 class _Reader:
-    def __init__(self, layout: Layout, trash: Mapping[Digest, Path]) -> None:
+    def __init__(
+        self, layout: Layout, trash: Mapping[Digest, Path], cache: ReachCache | None = None
+    ) -> None:
         self.layout = layout
         self.trash = trash
+        self.cache = cache
         self.reach = Reach()
         self._children: dict[Digest, ManifestRefs | StoreError | None] = {}
 
@@ -122,7 +126,16 @@ class _Reader:
 
     def manifest_file(self, path: str, rel: str, *, is_link: bool) -> None:
         """Read a tag file; `is_link`: the listing found a symlink there."""
+        cache, key = self.cache, None
+        if cache is not None:
+            key = cache.key(path, is_link=is_link)  # before the read: a change after it shows
+            names = None if key is None else cache.names(path, key)
+            if names is not None:
+                self.reach.blob_names.update(names)
+                self.reach.manifests += 1
+                return
         trashed = None
+        target = ""
         if is_link:
             # The link's target is kept whatever it holds: it is what the tag names.
             try:
@@ -142,16 +155,20 @@ class _Reader:
                     return  # removed between the look and the open: names nothing, as above
                 raise
             raw = read_limited(trashed, MAX_MANIFEST_BYTES)  # dangling into the trash
-        self.manifest_bytes(raw, rel)
+            key = None
+        kept = self.manifest_bytes(raw, rel)
+        if cache is not None and key is not None and kept is not None:
+            cache.keep(path, key, (target, *kept) if is_blob_name(target) else kept)
 
-    def manifest_bytes(self, raw: bytes, rel: str) -> None:
+    def manifest_bytes(self, raw: bytes, rel: str) -> tuple[str, ...] | None:
+        """Count what the manifest `raw` keeps; for a plain one, return those blob names."""
         parsed = parse_manifest_refs(raw, rel)
         self.reach.manifests += 1
         names = self.reach.blob_names
         names.add(parsed.digest.blob_name)
         if isinstance(parsed, ManifestRefs):
             names.update(parsed.blob_names)
-            return
+            return (parsed.digest.blob_name, *parsed.blob_names)
         for child in parsed.children:
             names.add(child.digest.blob_name)
             if child.inline is not None:
@@ -162,6 +179,7 @@ class _Reader:
                 raise ManifestError(f"{rel}: child {child.digest}: {refs}")
             if refs is not None:
                 names.update(refs.blob_names)
+        return None
 
     def _child(self, digest: Digest) -> ManifestRefs | StoreError | None:
         """A list child's manifest blob: None when absent (a pull takes only some children)."""
@@ -199,19 +217,31 @@ class _Reader:
 
 
 def reachable(
-    layout: Layout, manifests: Iterable[Digest] = (), trash: Mapping[Digest, Path] | None = None
+    layout: Layout,
+    manifests: Iterable[Digest] = (),
+    trash: Mapping[Digest, Path] | None = None,
+    cache: ReachCache | None = None,
 ) -> Reach:
     """Every digest some manifest of the store keeps alive; `manifests` are extra roots (from
     leases and tag history): manifest blobs whose blobs count as reachable while they exist.
-    `trash`: the blobs in GC's trash, where a manifest blob missing from `blobs/` is read."""
+    `trash`: the blobs in GC's trash, where a manifest blob missing from `blobs/` is read.
+    `cache`: what the last look read from tag files unchanged since (a plan's, never the look
+    before a move), left updated and saved."""
     with cycles_uncollected():
-        return _reach(layout, manifests, trash or {})
+        return _reach(layout, manifests, trash or {}, cache)
 
 
-def _reach(layout: Layout, manifests: Iterable[Digest], trash: Mapping[Digest, Path]) -> Reach:
-    reader = _Reader(layout, trash)
+def _reach(
+    layout: Layout,
+    manifests: Iterable[Digest],
+    trash: Mapping[Digest, Path],
+    cache: ReachCache | None,
+) -> Reach:
+    reader = _Reader(layout, trash, cache)
     reader.tree(layout.manifests_v2, v2=True)
     reader.tree(layout.manifests, v2=False)
+    if cache is not None:
+        cache.save()
     for digest in manifests:
         reader.reach.blob_names.add(digest.blob_name)
         rel = f"blobs/{digest.blob_name}"
