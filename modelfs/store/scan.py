@@ -32,7 +32,7 @@ from modelfs.store.errors import (
 )
 from modelfs.store.index.indexfile import Stamp, racy, stamp
 from modelfs.store.index.indexfile import started as scan_started
-from modelfs.store.index.scancache import Listing
+from modelfs.store.index.scancache import Listing, Parsed
 from modelfs.store.index.scancache import ScanCache as ScanCache
 from modelfs.store.layout import Layout
 from modelfs.store.manifest import (
@@ -413,9 +413,9 @@ class Scanner:
         self.index = StoreIndex(layout, cache=cache)
         self.cache = cache
         # What this scan met, of the cache's kinds: the cache it leaves for the next.
-        self._met: dict[str, tuple[Stamp, Manifest | ManifestList]] = {}
+        self._met: dict[str, tuple[Stamp, Parsed]] = {}
         self._links: dict[str, tuple[Stamp, str]] = {}
-        self._blob_met: dict[str, tuple[Stamp, Manifest | ManifestList]] = {}
+        self._blob_met: dict[str, tuple[Stamp, Parsed]] = {}
         self._listing: Listing | None = None
         self._read = 0  # files read, parsed and kept for the cache: it differs from the last
         self._started = scan_started()
@@ -481,21 +481,16 @@ class Scanner:
 
     # -- blobs ---------------------------------------------------------------------------
     def _list_blobs(self) -> list[str]:
-        """Note every blob name; the paths of the regular ones (none when the names are the
-        cache's: blobs/ is as it was when it listed them)."""
+        """Note every blob name; the paths of the regular ones (none when taken from the cache)."""
         paths: list[str] = []
-        try:
-            dst: os.stat_result | None = os.stat(self.layout.blobs)
-        except OSError:
-            dst = None  # the listing says why
+        dst = None  # if so, the listing says why
+        with contextlib.suppress(OSError):
+            dst = os.stat(self.layout.blobs)
         key = None if dst is None else (dst.st_dev, dst.st_ino, dst.st_mtime_ns)
         known = self.cache.listing if self.cache is not None else None
         if known is not None and known[0] == key:
-            self._listing = known
-            self.index._sizes = known[3]
-            self.index.blob_names = set(known[1])
-            for kind, path, message in known[2]:
-                self._problem(kind, path, message)
+            self._listing, self.index._sizes, self.index.blob_names = known, known[3], set(known[1])
+            self.index.problems += [Problem(*p) for p in known[2]]
             return paths
         first = len(self.index.problems)
         self._list_blob_dir(paths)
@@ -639,8 +634,8 @@ class Scanner:
     def _cached_link(
         self, de: os.DirEntry[str], lst: os.stat_result
     ) -> tuple[Manifest | ManifestList, int] | None:
-        """A `manifests-v2/` link's manifest from the cache: the link as it was, landing on the
-        same blob file as it was (the checks _read_manifest_file makes, less the hash)."""
+        """A `manifests-v2/` link's manifest from the cache: the link as it was, on the blob
+        file it was on (_read_manifest_file's checks, less the hash)."""
         assert self.cache is not None
         known = self.cache.links.get(de.path)
         if known is None or known[0] != stamp(lst) or known[1] not in self.index.blob_names:
@@ -719,11 +714,17 @@ class Scanner:
             return self._manifest_blobs[digest]
         rel = f"blobs/{digest.blob_name}"
         result: Manifest | ManifestList | StoreError
-        hit = None
+        known = None
         if self.cache is not None and self.index.has_blob(digest):
-            hit = self._cached_blob_manifest(digest.blob_name)
-        if hit is not None:
-            result = hit[1]
+            known = self.cache.blob_manifests.get(digest.blob_name)
+            if known is not None and self.index._sizes is None:
+                hit = self._cached_blob_manifest(digest.blob_name)
+                known = None if hit is None else (known[0], hit[1])
+        if known is not None:
+            # With blobs/ as it was, so are the bytes under this name (as for sizes); a v2
+            # tag's blob is still looked at (_cached_link), for its mtime.
+            self._blob_met[digest.blob_name] = known
+            result = known[1]
         elif not self.index.has_blob(digest):
             result = ManifestError(f"{rel}: missing")
         else:

@@ -28,10 +28,12 @@ It is saved only when the scan found something changed.
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from modelfs.store.collector import cycles_uncollected
 from modelfs.store.digest import Digest
 from modelfs.store.index.indexfile import Stamp, read_index, write_index
 from modelfs.store.layout import Layout
@@ -73,7 +75,8 @@ class ScanCache:
         path = layout.state / FILE_NAME
         root = str(layout.root)
         cache = cls(path=path, root=root)
-        why = _load(cache, path, root)
+        with cycles_uncollected():  # a load makes some 50,000 objects that all live on
+            why = _load(cache, path, root)
         if why is not None:
             log.info("scan index %s: %s; a full scan rebuilds it", path, why)
             cache = cls(path=path, root=root, dirty=True)
@@ -119,20 +122,44 @@ def _save(cache: ScanCache, path: Path) -> None:
 
 
 # -- the codec: plain tuples, rebuilt into the store's own types --------------------------------
-def _layer_t(layer: Layer) -> tuple[Any, ...]:
-    return (layer.media_type, layer.digest.hex, layer.size, layer.name, layer.from_)
+# Digests and layers are written once each, in tables, and named by their place in them: a
+# family's template, license and params are in every one of its manifests, and a load then
+# makes each object once, with no lookups by value.
+class _Encoder:
+    def __init__(self) -> None:
+        self.digests: dict[str, int] = {}
+        self.layers: dict[tuple[Any, ...], int] = {}
 
+    def digest(self, d: Digest) -> int:
+        i = self.digests.get(d.hex)
+        if i is None:
+            i = self.digests[d.hex] = len(self.digests)
+        return i
 
-def _manifest_t(m: Parsed) -> tuple[Any, ...]:
-    if isinstance(m, ManifestList):
-        children = tuple(
-            (c.digest.hex, c.runner, c.format, None if c.inline is None else _manifest_t(c.inline))
-            for c in m.children
-        )
-        return (1, m.raw, m.digest.hex, m.media_type, children)
-    config = None if m.config is None else _layer_t(m.config)
-    layers = tuple(_layer_t(layer) for layer in m.layers)
-    return (0, m.raw, m.digest.hex, m.media_type, config, layers, m.runner, m.format)
+    def layer(self, layer: Layer) -> int:
+        media = sys.intern(layer.media_type)  # marshal writes an object met twice once
+        t = (media, self.digest(layer.digest), layer.size, layer.name, layer.from_)
+        i = self.layers.get(t)
+        if i is None:
+            i = self.layers[t] = len(self.layers)
+        return i
+
+    def manifest(self, m: Parsed) -> tuple[Any, ...]:
+        if isinstance(m, ManifestList):
+            children = tuple(
+                (
+                    self.digest(c.digest),
+                    c.runner,
+                    c.format,
+                    None if c.inline is None else self.manifest(c.inline),
+                )
+                for c in m.children
+            )
+            return (1, m.raw, self.digest(m.digest), sys.intern(m.media_type), children)
+        config = -1 if m.config is None else self.layer(m.config)
+        layers = tuple(self.layer(layer) for layer in m.layers)
+        media = sys.intern(m.media_type)
+        return (0, m.raw, self.digest(m.digest), media, config, layers, m.runner, m.format)
 
 
 def _config_t(c: ModelConfig) -> tuple[Any, ...]:
@@ -150,60 +177,55 @@ def _config_t(c: ModelConfig) -> tuple[Any, ...]:
 
 
 def _encode(cache: ScanCache) -> tuple[Any, ...]:
+    enc = _Encoder()
+    manifests = [(p, s, enc.manifest(m)) for p, (s, m) in cache.manifests.items()]
+    blob_manifests = [(n, s, enc.manifest(m)) for n, (s, m) in cache.blob_manifests.items()]
+    configs = [(enc.digest(d), _config_t(c)) for d, c in cache.configs.items()]
     return (
         cache.root,
-        [(p, s, _manifest_t(m)) for p, (s, m) in cache.manifests.items()],
+        tuple(enc.digests),
+        tuple(enc.layers),
+        manifests,
         [(p, s, name) for p, (s, name) in cache.links.items()],
-        [(n, s, _manifest_t(m)) for n, (s, m) in cache.blob_manifests.items()],
-        [(d.hex, _config_t(c)) for d, c in cache.configs.items()],
+        blob_manifests,
+        configs,
         cache.listing and (*cache.listing[:1], tuple(cache.listing[1]), *cache.listing[2:]),
     )
 
 
+def _digest(hex_: str) -> Digest:
+    if not isinstance(hex_, str) or len(hex_) != 64:
+        raise ValueError("not a digest")
+    # Not Digest(hex_): its pattern check is a tenth of a load, and the file is ours and
+    # checksummed (a file that is not is never decoded).
+    d = object.__new__(Digest)
+    object.__setattr__(d, "hex", hex_)
+    return d
+
+
 class _Decoder:
-    """Tuples back into objects; a digest or layer named many times is made once (a family's
-    template, license and params are in every one of its manifests)."""
-
-    def __init__(self) -> None:
-        self.digests: dict[str, Digest] = {}
-        self.layers: dict[tuple[Any, ...], Layer] = {}
-
-    def digest(self, hex_: str) -> Digest:
-        d = self.digests.get(hex_)
-        if d is None:
-            if len(hex_) != 64:
-                raise ValueError("not a digest")
-            # Not Digest(hex_): its pattern check is a tenth of a load, and the file is ours
-            # and checksummed (a file that is not is never decoded).
-            d = object.__new__(Digest)
-            object.__setattr__(d, "hex", hex_)
-            self.digests[hex_] = d
-        return d
-
-    def layer(self, t: tuple[Any, ...]) -> Layer:
-        layer = self.layers.get(t)
-        if layer is None:
-            media, hex_, size, name, from_ = t
-            layer = self.layers[t] = Layer(media, self.digest(hex_), size, name, from_)
-        return layer
+    def __init__(self, hexes: tuple[str, ...], layers: tuple[tuple[Any, ...], ...]) -> None:
+        self.digests = [_digest(h) for h in hexes]
+        digests = self.digests
+        self.layers = [Layer(m, digests[d], size, n, f) for m, d, size, n, f in layers]
 
     def manifest(self, t: tuple[Any, ...]) -> Parsed:
+        digests = self.digests
         if t[0] == 1:
-            _, raw, hex_, media, children = t
+            _, raw, d, media, children = t
             kids = tuple(
-                ListChild(
-                    self.digest(h), runner, fmt, None if inline is None else self.plain(inline)
-                )
-                for h, runner, fmt, inline in children
+                ListChild(digests[c], runner, fmt, None if inline is None else self.plain(inline))
+                for c, runner, fmt, inline in children
             )
-            return ManifestList(raw, self.digest(hex_), kids, media)
-        _, raw, hex_, media, config, layers, runner, fmt = t
+            return ManifestList(raw, digests[d], kids, media)
+        _, raw, d, media, config, layers, runner, fmt = t
+        table = self.layers
         return Manifest(
             raw,
-            self.digest(hex_),
+            digests[d],
             media,
-            None if config is None else self.layer(config),
-            tuple(self.layer(x) for x in layers),
+            None if config < 0 else table[config],
+            tuple(map(table.__getitem__, layers)),
             runner,
             fmt,
         )
@@ -216,12 +238,12 @@ class _Decoder:
 
 
 def _decode(cache: ScanCache, obj: Any) -> None:
-    _, manifests, links, blob_manifests, configs, listing = obj
-    dec = _Decoder()
+    _, hexes, layers, manifests, links, blob_manifests, configs, listing = obj
+    dec = _Decoder(hexes, layers)
     cache.manifests = {p: (tuple(s), dec.manifest(m)) for p, s, m in manifests}
     cache.links = {p: (tuple(s), str(name)) for p, s, name in links}
     cache.blob_manifests = {n: (tuple(s), dec.manifest(m)) for n, s, m in blob_manifests}
-    cache.configs = {dec.digest(h): ModelConfig(*c) for h, c in configs}
+    cache.configs = {dec.digests[d]: ModelConfig(*c) for d, c in configs}
     if listing:
         key, names, problems, sizes = listing
         if not isinstance(sizes, dict):
