@@ -18,6 +18,7 @@ import pytest
 from modelfs.store.collect.reach import Reach, reachable
 from modelfs.store.index import indexfile, scancache
 from modelfs.store.index.reachcache import ReachCache
+from modelfs.store.names import parse_name
 from modelfs.store.scan import ScanCache, StoreIndex, scan_store
 from tests.builders import TinyStore
 
@@ -233,3 +234,27 @@ def test_a_change_within_the_racy_margin_is_not_kept(tmp_path: Path) -> None:
     assert cache.manifests == {}
     saved = json.dumps(sorted(ScanCache.open(tiny.layout).manifests))
     assert saved == "[]"
+
+
+def test_a_dry_run_reads_the_reach_index_and_writes_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GC's invariant 7 (docs/architecture.md): a dry run changes nothing, its index neither;
+    a plan that may act leaves it for the next."""
+    import trio
+
+    from modelfs.store.collect.gc import GcPolicy
+    from modelfs.sync.daemon.gc import run_gc
+
+    monkeypatch.setattr(indexfile, "RACY_NS", RACY_NS)
+    tiny = TinyStore(tmp_path / "models")
+    tiny.gguf_model("a:1")
+    time.sleep(SETTLE)
+    index = tiny.layout.state / "reach-index"
+    report = trio.run(lambda: run_gc(tiny.layout, GcPolicy(), dry_run=True))
+    assert report.dry_run and not report.refused
+    assert not index.exists()
+    trio.run(lambda: run_gc(tiny.layout, GcPolicy()))
+    assert set(ReachCache.open(tiny.layout).files) == {
+        str(tiny.layout.legacy_manifest(parse_name("a:1")))
+    }

@@ -192,18 +192,21 @@ def save_first_seen(layout: Layout, first_seen: dict[str, float]) -> None:
 
 
 # -- the plan ------------------------------------------------------------------------------
-def plan_gc(layout: Layout, policy: GcPolicy, *, now: float | None = None) -> GcPlan:
+def plan_gc(
+    layout: Layout, policy: GcPolicy, *, now: float | None = None, save_index: bool = True
+) -> GcPlan:
+    """The plan; `save_index`: leave the reach index updated (a dry run only reads it)."""
     with cycles_uncollected():
-        return _plan(layout, policy, now if now is not None else time.time())
+        return _plan(layout, policy, now if now is not None else time.time(), save_index)
 
 
-def _plan(layout: Layout, policy: GcPolicy, now: float) -> GcPlan:
+def _plan(layout: Layout, policy: GcPolicy, now: float, save_index: bool) -> GcPlan:
     plan = GcPlan(now, policy)
     trashed = trash_index(layout)
     leases = read_leases(layout, now)
     # The plan may use the reach index (tag files unchanged since the last plan are not read
     # again); the look just before anything moves, `leases_and_reach`, reads every manifest.
-    cache = ReachCache.open(layout)
+    cache = ReachCache.open(layout, save=save_index)
     reach = reachable(layout, manifests=leases.manifests, trash=trashed, cache=cache)
     plan.refused = [*reach.unreadable, *leases.unreadable]
     plan.strays = list(reach.strays)

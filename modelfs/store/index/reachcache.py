@@ -41,9 +41,10 @@ class ReachCache:
     _met: dict[str, tuple[Key, tuple[str, ...]]] = field(default_factory=dict)
 
     @classmethod
-    def open(cls, layout: Layout) -> ReachCache:
+    def open(cls, layout: Layout, *, save: bool = True) -> ReachCache:
+        """The store's reach index; `save=False` only reads it (`save` then writes nothing)."""
         path = layout.state / FILE_NAME
-        cache = cls(path=path, root=str(layout.root), started=started())
+        cache = cls(path=path if save else None, root=str(layout.root), started=started())
         obj, why = read_index(path, MAGIC, FORMAT_VERSION)
         if obj is not None:
             try:

@@ -11,13 +11,14 @@ was, looked at afresh by every scan:
   server/images.go:1107), so the same size and mtime can come back, but the ctime moves;
 - a `manifests-v2/` link by its own stamp (a link is never changed in place: a new one is a new
   inode and ctime) and the stamp of the blob it lands on, which the scan stats anyway;
-- a manifest stored as a blob (a v2 tag's, a list's child) by that blob's stamp;
-- the listing of `blobs/`, and the sizes of the blobs the scan checked, by that directory's
-  (device, inode, mtime_ns): a name appears or goes, and a blob's bytes change, only by a
-  create, rename or unlink in it (Ollama writes a blob under a temp name and renames it:
-  manifest/layer.go:32,58, server/download.go:326; so do we), each of which moves its mtime.
-  A blob truncated in place by hand is `verify`'s to find. Blob mtimes are never taken from
-  here (`touchLayer` changes them in place): `blob_info` looks each time;
+- the listing of `blobs/`, the sizes of the blobs the scan checked, and the list children's
+  manifests, by that directory's (device, inode, mtime_ns): a name appears or goes, and a
+  blob's bytes change, only by a create, rename or unlink in it (Ollama writes a blob under a
+  temp name and renames it: manifest/layer.go:32,58, server/download.go:326; so do we), each of
+  which moves its mtime. A blob truncated or edited in place by hand is `verify`'s to find.
+  Blob mtimes are never taken from here (`touchLayer` changes them in place): `blob_info`
+  looks each time, and a v2 tag's manifest blob, whose mtime is the tag's, is stat'ed too;
+  when `blobs/` changed, a child's manifest is used while its blob's stamp is as it was;
 - a config by its digest, while its blob is listed (as before this file existed).
 
 What changed within indexfile.RACY_NS of the scan that read it is not kept (a stamp is only as
