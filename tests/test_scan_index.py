@@ -15,7 +15,9 @@ from typing import Any
 
 import pytest
 
+from modelfs.cli.ls import tags_json
 from modelfs.store.collect.reach import Reach, reachable
+from modelfs.store.digest import Digest
 from modelfs.store.index import indexfile, scancache
 from modelfs.store.index.reachcache import ReachCache
 from modelfs.store.names import parse_name
@@ -87,7 +89,8 @@ class Editor:
         tiny, rng = self.tiny, self.rng
         legacy, v2 = self.tags(tiny.layout.manifests), self.tags(tiny.layout.manifests_v2)
         what = rng.choice(
-            ["add", "add", "v2", "list", "rewrite", "rewrite", "remove", "rm-blob", "corrupt"]
+            ["add", "add", "v2", "list", "rewrite", "rewrite", "remove", "rm-blob", "corrupt"] * 2
+            + ["swap-template"]
         )
         if what == "add" or (what in ("rewrite", "remove") and not legacy):
             tiny.legacy(f"m{rng.randrange(30)}:t{rng.randrange(3)}", self.plain())
@@ -108,6 +111,15 @@ class Editor:
             os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
         elif what == "remove":
             rng.choice(legacy + v2).unlink()
+        elif what == "swap-template":
+            # Other bytes of the same size renamed over the template blob (never done, but
+            # what `ls` read from it must not outlive it): its fields say `insert` now.
+            template = tiny.layout.blob(Digest.of_bytes(b"{{ .Prompt }}"))
+            if template.exists():
+                body = rng.choice([b"{{ .Suffix }}", b"{{ .Prompt }}"])
+                tmp = template.with_name("swap.tmp")
+                tmp.write_bytes(body)
+                tmp.rename(template)
         elif what == "rm-blob":
             blobs = sorted(tiny.layout.blobs.iterdir())
             if blobs:
@@ -133,14 +145,19 @@ def test_the_index_answers_as_a_fresh_scan_over_random_edits(
         for _ in range(editor.rng.randrange(1, 4)):
             done.append(editor.edit())
         time.sleep(SETTLE)
-        fresh = answer(scan_store(tiny.root))
+        fresh_index = scan_store(tiny.root)
+        fresh, listed = answer(fresh_index), tags_json(fresh_index)
         assert answer(scan_store(tiny.root, long_lived)) == fresh, done[-4:]
-        # What a command does: open the saved index, scan, save.
-        assert answer(scan_store(tiny.root, ScanCache.open(tiny.layout))) == fresh, done[-4:]
+        # What a command does: open the saved index, scan, save; `ls` saves what it read.
+        command = scan_store(tiny.root, ScanCache.open(tiny.layout))
+        assert answer(command) == fresh, done[-4:]
+        assert tags_json(command) == listed, done[-4:]
+        assert command.cache is not None
+        command.cache.save()
         # And GC's plan: its reach index against a reach that reads everything.
         cached = reachable(tiny.layout, cache=ReachCache.open(tiny.layout))
         assert reach_answer(cached) == reach_answer(reachable(tiny.layout)), done[-4:]
-    assert {"rewrite", "remove", "rm-blob", "corrupt", "list"} <= set(done)
+    assert {"rewrite", "remove", "rm-blob", "corrupt", "list", "swap-template"} <= set(done)
 
 
 def test_edits_by_another_process_reach_a_long_lived_scanner(
@@ -258,3 +275,30 @@ def test_a_dry_run_reads_the_reach_index_and_writes_none(
     assert set(ReachCache.open(tiny.layout).files) == {
         str(tiny.layout.legacy_manifest(parse_name("a:1")))
     }
+
+
+def test_what_ls_read_from_a_blob_goes_when_blobs_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`ls` keeps a template's fields in the index; bytes renamed over the blob (whatever
+    wrote them) are read again, since the rename changes blobs/."""
+    monkeypatch.setattr(indexfile, "RACY_NS", RACY_NS)
+    tiny = TinyStore(tmp_path / "models")
+    tiny.gguf_model("a:1")
+    time.sleep(SETTLE)
+
+    def capabilities() -> list[str]:
+        index = scan_store(tiny.root, ScanCache.open(tiny.layout))
+        listed = json.loads(tags_json(index))["models"][0].get("capabilities", [])
+        assert index.cache is not None
+        index.cache.save()
+        return list(listed)
+
+    assert capabilities() == []
+    assert ScanCache.open(tiny.layout).facts  # kept
+    template = tiny.layout.blob(Digest.of_bytes(b"{{ .Prompt }}"))
+    tmp = template.with_name("swap.tmp")
+    tmp.write_bytes(b"{{ .Suffix }}")
+    tmp.rename(template)
+    time.sleep(SETTLE)
+    assert capabilities() == ["insert"]

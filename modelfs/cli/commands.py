@@ -93,6 +93,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
         _print(tags_json(index, args.prefer))
     else:
         _print(render_table(index, args.prefer))
+    if index.cache is not None:
+        index.cache.save()  # with what the listing read from blobs (GGUF headers, templates)
     return 0
 
 

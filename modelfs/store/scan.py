@@ -476,8 +476,8 @@ class Scanner:
             and configs.keys() == cache.configs.keys()
         )
         cache.manifests, cache.links, cache.blob_manifests = self._met, self._links, self._blob_met
-        cache.configs, cache.listing = configs, listing
-        cache.dirty = cache.dirty or not same
+        cache.configs, cache.dirty = configs, cache.dirty or not same
+        cache.keep_listing(listing)
 
     # -- blobs ---------------------------------------------------------------------------
     def _list_blobs(self) -> list[str]:

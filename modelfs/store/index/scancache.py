@@ -30,9 +30,10 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from modelfs.store.collector import cycles_uncollected
 from modelfs.store.digest import Digest
@@ -52,9 +53,10 @@ Listing = tuple[
     dict[str, int | None],
 ]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MAGIC = b"modelfs scan index\n"
 FILE_NAME = "scan-index"
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -66,6 +68,9 @@ class ScanCache:
     blob_manifests: dict[str, tuple[Stamp, Parsed]] = field(default_factory=dict)  # by name
     configs: dict[Digest, ModelConfig] = field(default_factory=dict)
     listing: Listing | None = None
+    # What a command worked out from a blob's bytes (`ls`: a GGUF header's summary, a
+    # template's fields), by kind and hex: held to the listing, as sizes are.
+    facts: dict[str, Any] = field(default_factory=dict)
     path: Path | None = None
     root: str = ""
     dirty: bool = False  # differs from what `path` holds
@@ -82,6 +87,27 @@ class ScanCache:
             log.info("scan index %s: %s; a full scan rebuilds it", path, why)
             cache = cls(path=path, root=root, dirty=True)
         return cache
+
+    def keep_listing(self, listing: Listing | None) -> None:
+        """Take the listing a scan used; the facts go with the one they were read under."""
+        if listing is None or self.listing is None or listing[0] != self.listing[0]:
+            self.facts = {}
+        self.listing = listing
+
+    def fact(self, kind: str, hex_: str, compute: Callable[[], T | None]) -> T | None:
+        """`compute()`'s answer about the blob `hex_`, from the index while blobs/ is as the
+        last scan listed it; an answer of None (the blob unreadable) is not kept."""
+        if self.listing is None:
+            return compute()
+        key = kind + hex_
+        if key in self.facts:
+            known: T = self.facts[key]
+            return known
+        value = compute()
+        if value is not None:
+            self.facts[key] = value
+            self.dirty = True
+        return value
 
     def save(self) -> None:
         """Write the index when it changed and has a place; never fails a scan."""
@@ -113,7 +139,7 @@ def _load(cache: ScanCache, path: Path, root: str) -> str | None:
         _decode(cache, obj)
     except Exception as exc:  # a well-formed file of a shape we never write: rebuild it
         cache.manifests, cache.links, cache.blob_manifests, cache.configs = {}, {}, {}, {}
-        cache.listing = None
+        cache.listing, cache.facts = None, {}
         return f"corrupt ({type(exc).__name__})"
     return None
 
@@ -191,6 +217,7 @@ def _encode(cache: ScanCache) -> tuple[Any, ...]:
         blob_manifests,
         configs,
         cache.listing and (*cache.listing[:1], tuple(cache.listing[1]), *cache.listing[2:]),
+        cache.facts,
     )
 
 
@@ -239,7 +266,7 @@ class _Decoder:
 
 
 def _decode(cache: ScanCache, obj: Any) -> None:
-    _, hexes, layers, manifests, links, blob_manifests, configs, listing = obj
+    _, hexes, layers, manifests, links, blob_manifests, configs, listing, facts = obj
     dec = _Decoder(hexes, layers)
     cache.manifests = {p: (tuple(s), dec.manifest(m)) for p, s, m in manifests}
     cache.links = {p: (tuple(s), str(name)) for p, s, name in links}
@@ -250,3 +277,6 @@ def _decode(cache: ScanCache, obj: Any) -> None:
         if not isinstance(sizes, dict):
             raise TypeError("sizes")
         cache.listing = (tuple(key), frozenset(names), tuple(tuple(p) for p in problems), sizes)
+        if not isinstance(facts, dict):
+            raise TypeError("facts")
+        cache.facts = facts
