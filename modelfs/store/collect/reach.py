@@ -28,7 +28,7 @@ from pathlib import Path
 from modelfs.store.collector import cycles_uncollected
 from modelfs.store.digest import Digest, is_blob_name
 from modelfs.store.errors import InvalidNameError, ManifestError, StoreError
-from modelfs.store.index.reachcache import ReachCache
+from modelfs.store.index.reachcache import Key, ReachCache
 from modelfs.store.layout import Layout
 from modelfs.store.manifest import (
     MAX_MANIFEST_BYTES,
@@ -82,8 +82,18 @@ class _Reader:
         self._children: dict[Digest, ManifestRefs | StoreError | None] = {}
 
     def tree(self, root: Path, *, v2: bool) -> None:
-        top = root.name
+        top, cache = root.name, self.cache
         for parts, de, problem in walk_manifest_tree(root):
+            key = None
+            if cache is not None and not problem:
+                assert de is not None
+                # As it was when its name was found valid and its manifest read: so it stays.
+                key = cache.key(de.path, is_link=de.is_symlink())  # before any read
+                names = None if key is None else cache.names(de.path, key)
+                if names is not None:
+                    self.reach.blob_names.update(names)
+                    self.reach.manifests += 1
+                    continue
             rel = "/".join((top, *parts))
             if problem:
                 # Above tag depth, or a directory at it: no manifest can be there, so nothing
@@ -100,7 +110,7 @@ class _Reader:
                 self._invalid_name(Path(de.path), rel)
                 continue
             try:
-                self.manifest_file(de.path, rel, is_link=de.is_symlink())
+                self.manifest_file(de.path, rel, is_link=de.is_symlink(), key=key)
             except (StoreError, OSError) as exc:
                 removed = removed_tag(self.layout, de.path) if v2 else None
                 if removed is not None:
@@ -124,17 +134,10 @@ class _Reader:
             message = "not a valid model name, but a manifest: its blobs are kept"
         self.reach.strays.append(Problem("stray", rel, message))
 
-    def manifest_file(self, path: str, rel: str, *, is_link: bool) -> None:
-        """Read a tag file; `is_link`: the listing found a symlink there."""
-        cache, key = self.cache, None
-        if cache is not None:
-            key = cache.key(path, is_link=is_link)  # before the read: a change after it shows
-            names = None if key is None else cache.names(path, key)
-            if names is not None:
-                self.reach.blob_names.update(names)
-                self.reach.manifests += 1
-                return
-        trashed = None
+    def manifest_file(self, path: str, rel: str, *, is_link: bool, key: Key | None = None) -> None:
+        """Read a tag file; `is_link`: the listing found a symlink there; `key`: its reach
+        index key, taken before the read (a change after it shows), to remember it by."""
+        cache, trashed = self.cache, None
         target = ""
         if is_link:
             # The link's target is kept whatever it holds: it is what the tag names.
