@@ -145,6 +145,7 @@ def test_the_index_answers_as_a_fresh_scan_over_random_edits(
         for _ in range(editor.rng.randrange(1, 4)):
             done.append(editor.edit())
         time.sleep(SETTLE)
+        blobs = tiny.layout.blobs
         fresh_index = scan_store(tiny.root)
         fresh, listed = answer(fresh_index), tags_json(fresh_index)
         assert answer(scan_store(tiny.root, long_lived)) == fresh, done[-4:]
@@ -155,8 +156,11 @@ def test_the_index_answers_as_a_fresh_scan_over_random_edits(
         assert command.cache is not None
         command.cache.save()
         # And GC's plan: its reach index against a reach that reads everything.
-        cached = reachable(tiny.layout, cache=ReachCache.open(tiny.layout))
+        reach_cache = ReachCache.open(tiny.layout)
+        cached = reachable(tiny.layout, cache=reach_cache)
         assert reach_answer(cached) == reach_answer(reachable(tiny.layout)), done[-4:]
+        assert sorted(reach_cache.listdir(tiny.layout.blobs)) == sorted(os.listdir(blobs))
+        reach_cache.save()
     assert {"rewrite", "remove", "rm-blob", "corrupt", "list", "swap-template"} <= set(done)
 
 

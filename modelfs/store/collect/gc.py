@@ -221,7 +221,8 @@ def _plan(layout: Layout, policy: GcPolicy, now: float, save_index: bool) -> GcP
     wanted = keep | leased
     previous = load_first_seen(layout)
 
-    others = _plan_blobs(layout, plan, keep, leased, previous)
+    others = _plan_blobs(layout, plan, keep, leased, previous, cache)
+    cache.save()
     _plan_temps(layout, plan, wanted, others)
     _plan_compat(layout, plan, wanted)
     _plan_trash(layout, plan, wanted)
@@ -253,12 +254,14 @@ def _plan_blobs(
     keep: set[str],
     leased: set[str],
     previous: dict[str, float],
+    cache: ReachCache | None = None,
 ) -> list[str]:
     """Sort every blob into referenced, leased, young, pending and trash (`keep` and `leased`
-    by blob file name); the other names in blobs/ are returned for `_plan_temps`."""
+    by blob file name); the other names in blobs/ are returned for `_plan_temps`. `cache`:
+    the reach index, which holds the names in blobs/ while it is as it was."""
     policy, now = plan.policy, plan.now
     try:
-        names = os.listdir(layout.blobs)
+        names = os.listdir(layout.blobs) if cache is None else cache.listdir(layout.blobs)
     except FileNotFoundError:
         return []
     except OSError as exc:

@@ -229,7 +229,7 @@ def reachable(
     leases and tag history): manifest blobs whose blobs count as reachable while they exist.
     `trash`: the blobs in GC's trash, where a manifest blob missing from `blobs/` is read.
     `cache`: what the last look read from tag files unchanged since (a plan's, never the look
-    before a move), left updated and saved."""
+    before a move), left updated for the caller to save."""
     with cycles_uncollected():
         return _reach(layout, manifests, trash or {}, cache)
 
@@ -243,8 +243,6 @@ def _reach(
     reader = _Reader(layout, trash, cache)
     reader.tree(layout.manifests_v2, v2=True)
     reader.tree(layout.manifests, v2=False)
-    if cache is not None:
-        cache.save()
     for digest in manifests:
         reader.reach.blob_names.add(digest.blob_name)
         rel = f"blobs/{digest.blob_name}"

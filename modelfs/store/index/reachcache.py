@@ -1,5 +1,6 @@
-"""What GC's reach read from each plain manifest (the blob names it keeps), under
-`.modelfs/reach-index`, so a GC plan re-reads only the tag files that changed.
+"""What GC's reach read from each plain manifest (the blob names it keeps), and the names in
+`blobs/`, under `.modelfs/reach-index`, so a GC plan re-reads only the tag files that changed
+and lists `blobs/` again only when it changed.
 
 Only the plan uses it: the look GC takes just before it moves anything (`leases_and_reach`)
 reads every manifest afresh, as it always did. And the plan still lists every tag file and
@@ -25,11 +26,12 @@ from modelfs.store.layout import Layout
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MAGIC = b"modelfs reach index\n"
 FILE_NAME = "reach-index"
 
 Key = tuple[int, ...]  # a file's stamp, or a link's and its target's
+Listing = tuple[tuple[int, int, int], tuple[str, ...]]  # a directory's (dev, ino, mtime_ns)
 
 
 @dataclass(slots=True)
@@ -38,7 +40,9 @@ class ReachCache:
     path: Path | None = None
     root: str = ""
     started: int = 0
+    listing: Listing | None = None  # of blobs/
     _met: dict[str, tuple[Key, tuple[str, ...]]] = field(default_factory=dict)
+    _listing: Listing | None = None
 
     @classmethod
     def open(cls, layout: Layout, *, save: bool = True) -> ReachCache:
@@ -48,9 +52,12 @@ class ReachCache:
         obj, why = read_index(path, MAGIC, FORMAT_VERSION)
         if obj is not None:
             try:
-                saved_root, files = obj
+                saved_root, files, listing = obj
                 if saved_root == cache.root:
                     cache.files = {p: (tuple(k), tuple(n)) for p, k, n in files}
+                    if listing is not None:
+                        key, names = listing
+                        cache.listing = (tuple(key), tuple(names))
             except (TypeError, ValueError) as exc:
                 why = f"corrupt ({type(exc).__name__})"
         if why is not None:
@@ -86,13 +93,29 @@ class ReachCache:
         if not any(racy(ctime, self.started) for ctime in key[3::4]):
             self._met[path] = (key, names)
 
+    def listdir(self, directory: Path) -> list[str]:
+        """os.listdir(directory) (blobs/), or the names it gave while the directory's (device,
+        inode, mtime_ns) is as it was: a name comes or goes only by a create, rename or unlink
+        there, each of which moves its mtime."""
+        st = os.stat(directory)
+        key = (st.st_dev, st.st_ino, st.st_mtime_ns)
+        if self.listing is not None and self.listing[0] == key:
+            self._listing = self.listing
+            return list(self.listing[1])
+        names = os.listdir(directory)
+        if not racy(max(st.st_mtime_ns, st.st_ctime_ns), self.started):
+            self._listing = (key, tuple(names))
+        return names
+
     def save(self) -> None:
         """Leave for the next plan what this one met; written only when that changed."""
         # Compared whole: a file too new to keep (racy) is read each time, and not news.
-        changed = self._met != self.files
+        changed = self._met != self.files or self._listing is not self.listing
         self.files, self._met = self._met, {}
+        self.listing, self._listing = self._listing, None
         if not changed or self.path is None:
             return
         files = [(p, k, n) for p, (k, n) in self.files.items()]
+        body = (self.root, files, self.listing)
         with contextlib.suppress(OSError):  # a store we cannot write to: read in full each time
-            write_index(self.path, MAGIC, FORMAT_VERSION, (self.root, files))
+            write_index(self.path, MAGIC, FORMAT_VERSION, body)
