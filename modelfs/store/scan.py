@@ -486,7 +486,7 @@ class Scanner:
         dst = None  # if so, the listing says why
         with contextlib.suppress(OSError):
             dst = os.stat(self.layout.blobs)
-        key = None if dst is None else (dst.st_dev, dst.st_ino, dst.st_mtime_ns)
+        key = None if dst is None else (dst.st_ino, dst.st_mtime_ns)  # as Listing says
         known = self.cache.listing if self.cache is not None else None
         if known is not None and known[0] == key:
             self._listing, self.index._sizes, self.index.blob_names = known, known[3], set(known[1])

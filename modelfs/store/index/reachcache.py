@@ -31,7 +31,7 @@ MAGIC = b"modelfs reach index\n"
 FILE_NAME = "reach-index"
 
 Key = tuple[int, ...]  # a file's stamp, or a link's and its target's
-Listing = tuple[tuple[int, int, int], tuple[str, ...]]  # a directory's (dev, ino, mtime_ns)
+Listing = tuple[tuple[int, int], tuple[str, ...]]  # a directory's (inode, mtime_ns), its names
 
 
 @dataclass(slots=True)
@@ -94,11 +94,11 @@ class ReachCache:
             self._met[path] = (key, names)
 
     def listdir(self, directory: Path) -> list[str]:
-        """os.listdir(directory) (blobs/), or the names it gave while the directory's (device,
-        inode, mtime_ns) is as it was: a name comes or goes only by a create, rename or unlink
+        """os.listdir(directory) (blobs/), or the names it gave while the directory's (inode,
+        mtime_ns) is as it was: a name comes or goes only by a create, rename or unlink
         there, each of which moves its mtime."""
         st = os.stat(directory)
-        key = (st.st_dev, st.st_ino, st.st_mtime_ns)
+        key = (st.st_ino, st.st_mtime_ns)  # not st_dev: each NFS client numbers it its own way
         if self.listing is not None and self.listing[0] == key:
             self._listing = self.listing
             return list(self.listing[1])
