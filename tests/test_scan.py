@@ -249,8 +249,15 @@ def test_hostile_manifests_cost_only_themselves(tiny: TinyStore) -> None:
     assert "\ufffd" in f.path
 
 
-def test_a_scan_cache_rereads_exactly_what_changed(tiny: TinyStore) -> None:
+def test_a_scan_cache_rereads_exactly_what_changed(
+    tiny: TinyStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from modelfs.store.index import indexfile
     from modelfs.store.scan import ScanCache
+
+    # Files written a moment ago are "racy" (indexfile.RACY_NS) and read again each scan;
+    # here a file is as old as it needs to be to be kept.
+    monkeypatch.setattr(indexfile, "RACY_NS", 0)
 
     tiny.gguf_model("a:1", payload=b"weights A")
     tiny.gguf_model("b:1", payload=b"weights B", file_type="Q8_0")

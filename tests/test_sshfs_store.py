@@ -31,9 +31,18 @@ OPTIONS = ("cache=no", "follow_symlinks")
 
 
 def leftovers(store: Path) -> list[str]:
-    """Every file under `.modelfs/` that is no lease, GC or verify state, history, trash or
-    the llama.cpp views' decisions."""
-    kept = ("leases/", "trash/", "history/", "gc/", "verify/", DECISIONS)
+    """Every file under `.modelfs/` that is no lease, GC or verify state, history, trash, the
+    llama.cpp views' decisions or the scan and reach indexes (their temp files are leftovers)."""
+    kept = (
+        "leases/",
+        "trash/",
+        "history/",
+        "gc/",
+        "verify/",
+        DECISIONS,
+        "scan-index",
+        "reach-index",
+    )
     found = []
     for top, _dirs, files in os.walk(store / ".modelfs"):
         for name in files:

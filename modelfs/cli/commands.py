@@ -18,7 +18,7 @@ from modelfs.cli.human import go_text
 from modelfs.fsd.errors import MountError
 from modelfs.store.errors import StoreError
 from modelfs.store.layout import Layout, find_store_root
-from modelfs.store.scan import STRAY_KINDS, Problem, StoreIndex, scan_store
+from modelfs.store.scan import STRAY_KINDS, Problem, ScanCache, StoreIndex, scan_store
 from modelfs.store.units import counted
 from modelfs.sync.errors import SyncError
 
@@ -58,7 +58,8 @@ def _problems_summary(problems: Sequence[Problem]) -> str | None:
 
 def _open_index(args: argparse.Namespace) -> StoreIndex:
     root = find_store_root(args.store)
-    index = scan_store(root)
+    # The store's scan index (.modelfs/scan-index): only the tag files that changed are read.
+    index = scan_store(root, ScanCache.open(Layout(root)))
     for problem in index.problems:
         log.debug("problem: %s", problem)
     summary = _problems_summary(index.problems)
@@ -92,6 +93,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
         _print(tags_json(index, args.prefer))
     else:
         _print(render_table(index, args.prefer))
+    if index.cache is not None:
+        index.cache.save()  # with what the listing read from blobs (GGUF headers, templates)
     return 0
 
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from modelfs.cli.human import go_strings, human_time, rfc3339_nano, table
 from modelfs.store.errors import StoreError
 from modelfs.store.formats.gguf import FILE_TYPES, read_gguf_header_path
-from modelfs.store.manifest import go_marshal
+from modelfs.store.manifest import Layer, go_marshal
 from modelfs.store.scan import DEFAULT_PREFER, Entry, StoreIndex, listed_tag, ollama_entries
 from modelfs.store.units import human_bytes
 
@@ -18,6 +20,7 @@ from modelfs.store.units import human_bytes
 _ACTION = re.compile(r"\{\{(.*?)\}\}", re.DOTALL)
 _FIELD = re.compile(r"(?<![\w)\]])\$?\.([A-Za-z_]\w*)")
 _GEMMA4_RENDERERS = ("gemma4", "gemma4-small", "gemma4-large")  # server/renderer_resolution.go:11
+T = TypeVar("T")
 
 
 def _template_vars(text: str) -> set[str] | None:
@@ -66,6 +69,21 @@ def _gguf_summary(path: Path) -> tuple[list[str], int, int, str] | None:
     return caps, ctx, emb, ftype
 
 
+def _fact(index: StoreIndex, kind: str, hex_: str, compute: Callable[[], T | None]) -> T | None:
+    """What a blob's bytes say, from the scan index when it holds it (store.index.scancache:
+    a blob's bytes change only by a rename into blobs/, which the index notices)."""
+    return compute() if index.cache is None else index.cache.fact(kind, hex_, compute)
+
+
+def _template_fields(path: Path) -> frozenset[str] | None:
+    """_template_vars of a template blob; None when it cannot be read or parsed."""
+    try:
+        found = _template_vars(path.read_bytes().decode("utf-8", "replace"))
+    except OSError:
+        return None
+    return None if found is None else frozenset(found)
+
+
 def _add(caps: list[str], cap: str) -> None:
     if cap and cap not in caps:
         caps.append(cap)
@@ -84,21 +102,18 @@ def tag_record(index: StoreIndex, entry: Entry, prefer: tuple[str, ...]) -> dict
     if manifest.config is not None and config is None:
         return None
     blobs = index.layout.blobs
-    model_path: Path | None = None
+    model: Layer | None = None
     parent = ""
     projectors = 0
-    vars_: set[str] = set()
+    vars_: frozenset[str] = frozenset()
     for layer in manifest.layers:
         if layer.kind == "model":
-            model_path, parent = blobs / layer.digest.blob_name, layer.from_ or ""
+            model, parent = layer, layer.from_ or ""
         elif layer.kind == "projector":
             projectors += 1
         elif layer.kind in ("prompt", "template"):
-            try:
-                text = (blobs / layer.digest.blob_name).read_bytes().decode("utf-8", "replace")
-            except OSError:
-                return None
-            found = _template_vars(text)
+            read = partial(_template_fields, blobs / layer.digest.blob_name)
+            found = _fact(index, "template:", layer.digest.hex, read)
             if found is None:
                 return None
             vars_ = found
@@ -117,8 +132,9 @@ def tag_record(index: StoreIndex, entry: Entry, prefer: tuple[str, ...]) -> dict
     quant = config.file_type if config else ""
     ctx, emb = number("context_length"), number("embedding_length")
     caps: list[str] = []
-    if not remote and model_path is not None:
-        found_gguf = _gguf_summary(model_path)
+    if not remote and model is not None:
+        summary = partial(_gguf_summary, blobs / model.digest.blob_name)
+        found_gguf = _fact(index, "gguf:", model.digest.hex, summary)
         if found_gguf is not None:
             gguf_caps, gguf_ctx, gguf_emb, gguf_ftype = found_gguf
             caps += gguf_caps

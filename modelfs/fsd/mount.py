@@ -107,7 +107,8 @@ class Mount:
         self.allow_other = allow_other
         self._signature: tuple[object, ...] = ()
         self.watch: StoreWatch | None = None
-        self.scan_cache = ScanCache()  # a rescan re-reads only the tag files that changed
+        # The store's scan index: a start and each rescan re-read only the tag files that changed.
+        self.scan_cache = ScanCache.open(self.layout)
         self._rescan_asked = False  # by SIGHUP
         self._waiting = trio.CancelScope()  # the watch loop's current wait, cut short by SIGHUP
         self.helper: privhelper.BackingHelper | None = None

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import operator
 import os
 import re
 import stat
@@ -21,6 +20,9 @@ from modelfs.store.collector import cycles_uncollected
 from modelfs.store.digest import Digest, forget_parsed, is_blob_name
 from modelfs.store.disk.fileio import read_file, read_file_stat
 from modelfs.store.disk.prefetch import HEAD, cached, prefetch
+from modelfs.store.disk.tree import STRAY_DIRECTORY as STRAY_DIRECTORY
+from modelfs.store.disk.tree import TreeItem
+from modelfs.store.disk.tree import walk_manifest_tree as walk_manifest_tree
 from modelfs.store.errors import (
     InvalidDigestError,
     InvalidNameError,
@@ -28,6 +30,10 @@ from modelfs.store.errors import (
     ModelNotFoundError,
     StoreError,
 )
+from modelfs.store.index.indexfile import Stamp, racy, stamp
+from modelfs.store.index.indexfile import started as scan_started
+from modelfs.store.index.scancache import Listing, Parsed
+from modelfs.store.index.scancache import ScanCache as ScanCache
 from modelfs.store.layout import Layout
 from modelfs.store.manifest import (
     MAX_CONFIG_BYTES,
@@ -210,23 +216,6 @@ class BlobInfo:
     mtime: float
 
 
-@dataclass(slots=True)
-class ScanCache:
-    """What one scan parsed, for the next scan of the same store (a mount's rescans, a
-    server's rebuilds): a change to a store re-reads what changed, not 5,000 tag files.
-
-    A tag file is known by its path and (inode, size, mtime, ctime); an edit in place or a
-    rename over it changes them, the same stamp the change detection of `store.watch` uses.
-    A config is known by its digest, the hash of its bytes, and is used only while its blob
-    is listed. Each scan keeps only what it met, so the cache never outgrows the store.
-    """
-
-    manifests: dict[str, tuple[tuple[int, int, int, int], Manifest | ManifestList]] = field(
-        default_factory=dict
-    )
-    configs: dict[Digest, ModelConfig] = field(default_factory=dict)
-
-
 @dataclass
 class StoreIndex:
     layout: Layout
@@ -239,6 +228,11 @@ class StoreIndex:
     _configs: dict[Digest, ModelConfig | None] = field(default_factory=dict, repr=False)
     _blob_info: dict[str, BlobInfo | None] = field(default_factory=dict, repr=False)  # by hex
     _blobs_fd: int | None = field(default=None, repr=False)  # blobs/, open during the scan
+    # Blob sizes by hex from the scan index, while blobs/ is as it was when they were taken (a
+    # blob's bytes change only by a rename into blobs/: store.index.scancache); and the sizes
+    # this index's checks used, for the next.
+    _sizes: dict[str, int | None] | None = field(default=None, repr=False)
+    _sizes_used: dict[str, int | None] = field(default_factory=dict, repr=False)
     cache: ScanCache | None = field(default=None, repr=False)
 
     # -- lookups -------------------------------------------------------------------------
@@ -319,11 +313,16 @@ class StoreIndex:
             sizes[layer.digest.hex] = (layer.digest, layer.size)
         if manifest.config is not None:
             sizes[manifest.config.digest.hex] = (manifest.config.digest, manifest.config.size)
-        known = self._blob_info
+        known, trusted, used = self._blob_info, self._sizes, self._sizes_used
         missing = []
         for hex_, (digest, size) in sizes.items():
-            info = known[hex_] if hex_ in known else self._look_at_blob(hex_)
-            if info is None or info.size != size:
+            if trusted is not None and hex_ in trusted:
+                got = trusted[hex_]
+            else:
+                info = known[hex_] if hex_ in known else self._look_at_blob(hex_)
+                got = None if info is None else info.size
+            used[hex_] = got
+            if got != size:
                 missing.append(digest)
         return missing
 
@@ -378,56 +377,6 @@ def read_limited(path: Path | str, limit: int) -> bytes:
     return read_file(path, limit)
 
 
-_TreeItem = tuple[tuple[str, ...], os.DirEntry[str] | None, str]
-
-STRAY_DIRECTORY = "stray directory where a manifest should be"
-
-
-def _is_dir(de: os.DirEntry[str]) -> bool:
-    """A directory, or a link to one; False for what cannot be followed (a link loop is
-    then judged where it is read)."""
-    try:
-        return de.is_dir(follow_symlinks=True)
-    except OSError:
-        return False
-
-
-_NAME = operator.attrgetter("name")
-
-
-def walk_manifest_tree(root: Path) -> Iterator[_TreeItem]:
-    """Yield (parts, dir entry, problem) for everything at or above depth 4 that is not a dir
-    on the way down. Depth-4 entries that are files or symlinks are candidates; anything else
-    out of place is yielded with a problem text."""
-
-    def walk(path: str, parts: tuple[str, ...]) -> Iterator[_TreeItem]:
-        try:
-            it = os.scandir(path)
-        except NotADirectoryError:
-            return
-        except OSError as exc:
-            yield parts, None, f"cannot list: {exc.strerror}"
-            return
-        with it:
-            for de in sorted(it, key=_NAME):
-                sub = (*parts, de.name)
-                if len(sub) < 4:
-                    # Ollama's Glob follows links to directories; the depth bound stops loops.
-                    if _is_dir(de):
-                        yield from walk(de.path, sub)
-                    else:
-                        yield sub, de, "stray file (not a manifest: wrong depth)"
-                elif _is_dir(de):
-                    # Ollama skips these (ollama/ollama fb30760 manifest/manifest.go:189-194,
-                    # os.Stat follows a link): a directory holds no manifest, names no blobs.
-                    yield sub, de, STRAY_DIRECTORY
-                else:
-                    yield sub, de, ""
-
-    if root.is_dir():
-        yield from walk(str(root), ())
-
-
 def removed_tag(layout: Layout, path: str | os.PathLike[str]) -> str | None:
     """Why a `manifests-v2/` link stands for a removed tag, or None when it does not.
 
@@ -463,7 +412,13 @@ class Scanner:
         self.layout = layout
         self.index = StoreIndex(layout, cache=cache)
         self.cache = cache
-        self._met: dict[str, tuple[tuple[int, int, int, int], Manifest | ManifestList]] = {}
+        # What this scan met, of the cache's kinds: the cache it leaves for the next.
+        self._met: dict[str, tuple[Stamp, Parsed]] = {}
+        self._links: dict[str, tuple[Stamp, str]] = {}
+        self._blob_met: dict[str, tuple[Stamp, Parsed]] = {}
+        self._listing: Listing | None = None
+        self._read = 0  # files read, parsed and kept for the cache: it differs from the last
+        self._started = scan_started()
         self._prefix = str(layout.root).rstrip("/") + "/"
         self._manifest_blobs: dict[Digest, Manifest | ManifestList | StoreError] = {}
 
@@ -500,24 +455,59 @@ class Scanner:
                 os.close(self.index._blobs_fd)
                 self.index._blobs_fd = None
         if self.cache is not None:
-            self.cache.manifests = self._met
-            self.cache.configs = {d: c for d, c in self.index._configs.items() if c is not None}
+            self._keep(self.cache)
             # Its next scan parses only the tag files that changed; the memo would meanwhile
             # keep the digests of every manifest replaced since the view began.
             forget_parsed()
         return self.index
 
+    def _keep(self, cache: ScanCache) -> None:
+        """Leave in `cache` what this scan met, and mark it for saving when that differs."""
+        configs = {d: c for d, c in self.index._configs.items() if c is not None}
+        listing, used = self._listing, self.index._sizes_used
+        if listing is not None and used.keys() != listing[3].keys():
+            listing = (*listing[:3], used)
+        same = (
+            not self._read
+            and listing is cache.listing
+            and len(self._met) == len(cache.manifests)
+            and len(self._links) == len(cache.links)
+            and len(self._blob_met) == len(cache.blob_manifests)
+            and configs.keys() == cache.configs.keys()
+        )
+        cache.manifests, cache.links, cache.blob_manifests = self._met, self._links, self._blob_met
+        cache.configs, cache.dirty = configs, cache.dirty or not same
+        cache.keep_listing(listing)
+
     # -- blobs ---------------------------------------------------------------------------
     def _list_blobs(self) -> list[str]:
-        """Note every blob name; the paths of the regular ones."""
+        """Note every blob name; the paths of the regular ones (none when taken from the cache)."""
         paths: list[str] = []
+        dst = None  # if so, the listing says why
+        with contextlib.suppress(OSError):
+            dst = os.stat(self.layout.blobs)
+        key = None if dst is None else (dst.st_ino, dst.st_mtime_ns)  # as Listing says
+        known = self.cache.listing if self.cache is not None else None
+        if known is not None and known[0] == key:
+            self._listing, self.index._sizes, self.index.blob_names = known, known[3], set(known[1])
+            self.index.problems += [Problem(*p) for p in known[2]]
+            return paths
+        first = len(self.index.problems)
+        self._list_blob_dir(paths)
+        fresh = dst is not None and not racy(max(dst.st_mtime_ns, dst.st_ctime_ns), self._started)
+        if self.cache is not None and key is not None and fresh:
+            found = tuple((p.kind, p.path, p.message) for p in self.index.problems[first:])
+            self._listing = (key, frozenset(self.index.blob_names), found, {})
+        return paths
+
+    def _list_blob_dir(self, paths: list[str]) -> None:
         try:
             it = os.scandir(self.layout.blobs)
         except FileNotFoundError:
-            return paths
+            return
         except OSError as exc:
             self._problem("bad-blob", "blobs", f"cannot list: {exc.strerror}")
-            return paths
+            return
         with it:
             for de in it:
                 if is_blob_name(de.name):
@@ -539,10 +529,9 @@ class Scanner:
                     # Ollama's own partials and temp files live here too; they are not ours to
                     # judge, but a user asking "what is this 40 GB file" deserves a line.
                     self._problem("stray", f"blobs/{de.name}", "not a blob name")
-        return paths
 
     # -- manifests -----------------------------------------------------------------------
-    def _scan_tree(self, root: Path, items: list[_TreeItem], *, v2: bool) -> None:
+    def _scan_tree(self, root: Path, items: list[TreeItem], *, v2: bool) -> None:
         top = root.name
         for parts, de, problem in items:
             rel = "/".join((top, *parts))
@@ -615,25 +604,76 @@ class Scanner:
     ) -> tuple[Manifest | ManifestList, int]:
         """A tag file's manifest and mtime, from the cache when the file is as it was."""
         path = de.path
+        lst = None
         if self.cache is not None:
-            try:
+            with contextlib.suppress(OSError):  # if so, _read_manifest_file says why
                 lst = os.lstat(path)
-            except OSError:
-                lst = None  # _read_manifest_file says why
             if lst is not None and stat.S_ISREG(lst.st_mode):
                 known = self.cache.manifests.get(path)
-                if known is not None and known[0] == _stamp(lst):
+                if known is not None and known[0] == stamp(lst):
                     self._met[path] = known
                     return known[1], lst.st_mtime_ns
-        raw, st = self._read_manifest_file(de, rel, v2=v2)
+            elif lst is not None and v2 and stat.S_ISLNK(lst.st_mode):
+                hit = self._cached_link(de, lst)
+                if hit is not None:
+                    return hit
+        raw, st, blob_name = self._read_manifest_file(de, rel, v2=v2)
         top = parse_manifest(raw, rel)
-        if self.cache is not None and not de.is_symlink():
-            self._met[path] = (_stamp(st), top)
+        if lst is not None and not racy(st.st_ctime_ns, self._started):
+            if blob_name is None:
+                if stat.S_ISREG(lst.st_mode):  # a legacy link is read, not kept
+                    self._met[path] = (stamp(st), top)
+                    self._read += 1
+            elif stat.S_ISLNK(lst.st_mode) and not racy(lst.st_ctime_ns, self._started):
+                # lstat before readlink: a link replaced meanwhile has another stamp now.
+                self._links[path] = (stamp(lst), blob_name)
+                self._blob_met[blob_name] = (stamp(st), top)
+                self._read += 1
         return top, st.st_mtime_ns
+
+    def _cached_link(
+        self, de: os.DirEntry[str], lst: os.stat_result
+    ) -> tuple[Manifest | ManifestList, int] | None:
+        """A `manifests-v2/` link's manifest from the cache: the link as it was, on the blob
+        file it was on (_read_manifest_file's checks, less the hash)."""
+        assert self.cache is not None
+        known = self.cache.links.get(de.path)
+        if known is None or known[0] != stamp(lst) or known[1] not in self.index.blob_names:
+            return None
+        hit = self._cached_blob_manifest(known[1])
+        if hit is None:
+            return None
+        bst, top = hit
+        try:
+            st = de.stat()
+        except OSError:
+            return None
+        if (st.st_dev, st.st_ino) != (bst.st_dev, bst.st_ino):
+            return None
+        self._links[de.path] = known
+        return top, bst.st_mtime_ns
+
+    def _cached_blob_manifest(
+        self, name: str
+    ) -> tuple[os.stat_result, Manifest | ManifestList] | None:
+        """A manifest blob's parse from the cache, when the blob is the file it was read from."""
+        assert self.cache is not None
+        known = self.cache.blob_manifests.get(name)
+        if known is None:
+            return None
+        path, fd = self.index._blob(name)
+        try:
+            bst = os.stat(path, dir_fd=fd, follow_symlinks=False)
+        except OSError:
+            return None
+        if not stat.S_ISREG(bst.st_mode) or stamp(bst) != known[0]:
+            return None
+        self._blob_met[name] = known
+        return bst, known[1]
 
     def _read_manifest_file(
         self, de: os.DirEntry[str], rel: str, *, v2: bool
-    ) -> tuple[bytes, os.stat_result]:
+    ) -> tuple[bytes, os.stat_result, str | None]:
         """Read a tag file by store.fileio's rule (a regular file, or refused by its kind). A
         `manifests-v2/` link must land on a blob whose bytes hash to its name; a legacy file
         that is a link is followed, as Ollama's os.Open does (ollama/ollama fb30760
@@ -643,7 +683,7 @@ class Scanner:
             if not (v2 and de.is_symlink()):
                 # Not followed under manifests-v2/: a link there is judged below, and a
                 # file that became one since the listing is refused (ELOOP).
-                return read_file_stat(path, MAX_MANIFEST_BYTES, follow=not v2)
+                return (*read_file_stat(path, MAX_MANIFEST_BYTES, follow=not v2), None)
             # The link must land on blobs/<its own name>: the same file as that blob, which
             # the blob listing already knows to be a regular file inside the store.
             link = os.readlink(path)
@@ -664,7 +704,7 @@ class Scanner:
                 raise outside
             if hashlib.sha256(raw).hexdigest() != blob_name[7:]:
                 raise ManifestError(f"{rel}: linked blob {blob_name} does not match its hash")
-            return raw, bst
+            return raw, bst, blob_name
         except OSError as exc:
             raise ManifestError(f"{rel}: {exc.strerror or exc}") from None
 
@@ -674,16 +714,31 @@ class Scanner:
             return self._manifest_blobs[digest]
         rel = f"blobs/{digest.blob_name}"
         result: Manifest | ManifestList | StoreError
-        if not self.index.has_blob(digest):
+        known = None
+        if self.cache is not None and self.index.has_blob(digest):
+            known = self.cache.blob_manifests.get(digest.blob_name)
+            if known is not None and self.index._sizes is None:
+                hit = self._cached_blob_manifest(digest.blob_name)
+                known = None if hit is None else (known[0], hit[1])
+        if known is not None:
+            # With blobs/ as it was, so are the bytes under this name (as for sizes); a v2
+            # tag's blob is still looked at (_cached_link), for its mtime.
+            self._blob_met[digest.blob_name] = known
+            result = known[1]
+        elif not self.index.has_blob(digest):
             result = ManifestError(f"{rel}: missing")
         else:
             try:
                 path, fd = self.index._blob(digest.blob_name)
-                raw = read_file(path, MAX_MANIFEST_BYTES, dir_fd=fd)
+                # Not followed: the listing took it for a regular file.
+                raw, st = read_file_stat(path, MAX_MANIFEST_BYTES, follow=False, dir_fd=fd)
                 if hashlib.sha256(raw).hexdigest() != digest.hex:
                     result = ManifestError(f"{rel}: bytes do not match the name")
                 else:
                     result = parse_manifest(raw, rel)
+                    if self.cache is not None and not racy(st.st_ctime_ns, self._started):
+                        self._blob_met[digest.blob_name] = (stamp(st), result)
+                        self._read += 1
             except OSError as exc:
                 result = ManifestError(f"{rel}: {exc.strerror}")
             except StoreError as exc:
@@ -736,11 +791,10 @@ def _is_upper_blob(name: str) -> bool:
     return True
 
 
-def _stamp(st: os.stat_result) -> tuple[int, int, int, int]:
-    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
 def scan_store(root: str | os.PathLike[str] | Layout, cache: ScanCache | None = None) -> StoreIndex:
     layout = root if isinstance(root, Layout) else Layout(root)
     with cycles_uncollected():
-        return Scanner(layout, cache).scan()
+        index = Scanner(layout, cache).scan()
+    if cache is not None:
+        cache.save()
+    return index

@@ -22,6 +22,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 VENV = REPO / ".venv"
 MODELFS = VENV / "bin" / "modelfs"
+if not MODELFS.exists():
+    # A worktree without a venv of its own, run by another checkout's interpreter: its entry
+    # point, importing this checkout's code (PYTHONPATH below), as this process does.
+    MODELFS = Path(sys.executable).parent / "modelfs"
+# What this checkout's benches start (the CLI, a mount, a server) runs this checkout's code,
+# not an editable install of another one.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(REPO), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
+)
 MB = 1e6
 GiB = 1 << 30
 

@@ -45,6 +45,7 @@ from modelfs.store.collector import cycles_uncollected
 from modelfs.store.digest import Digest, is_blob_name
 from modelfs.store.disk.owner import make_dirs, write_atomic
 from modelfs.store.errors import StoreError
+from modelfs.store.index.reachcache import ReachCache
 from modelfs.store.layout import Layout
 from modelfs.store.leases import LeaseSet, read_leases
 from modelfs.store.scan import Problem
@@ -191,16 +192,22 @@ def save_first_seen(layout: Layout, first_seen: dict[str, float]) -> None:
 
 
 # -- the plan ------------------------------------------------------------------------------
-def plan_gc(layout: Layout, policy: GcPolicy, *, now: float | None = None) -> GcPlan:
+def plan_gc(
+    layout: Layout, policy: GcPolicy, *, now: float | None = None, save_index: bool = True
+) -> GcPlan:
+    """The plan; `save_index`: leave the reach index updated (a dry run only reads it)."""
     with cycles_uncollected():
-        return _plan(layout, policy, now if now is not None else time.time())
+        return _plan(layout, policy, now if now is not None else time.time(), save_index)
 
 
-def _plan(layout: Layout, policy: GcPolicy, now: float) -> GcPlan:
+def _plan(layout: Layout, policy: GcPolicy, now: float, save_index: bool) -> GcPlan:
     plan = GcPlan(now, policy)
     trashed = trash_index(layout)
     leases = read_leases(layout, now)
-    reach = reachable(layout, manifests=leases.manifests, trash=trashed)
+    # The plan may use the reach index (tag files unchanged since the last plan are not read
+    # again); the look just before anything moves, `leases_and_reach`, reads every manifest.
+    cache = ReachCache.open(layout, save=save_index)
+    reach = reachable(layout, manifests=leases.manifests, trash=trashed, cache=cache)
     plan.refused = [*reach.unreadable, *leases.unreadable]
     plan.strays = list(reach.strays)
     history, problem = history_roots(layout, now)
@@ -214,7 +221,8 @@ def _plan(layout: Layout, policy: GcPolicy, now: float) -> GcPlan:
     wanted = keep | leased
     previous = load_first_seen(layout)
 
-    others = _plan_blobs(layout, plan, keep, leased, previous)
+    others = _plan_blobs(layout, plan, keep, leased, previous, cache)
+    cache.save()
     _plan_temps(layout, plan, wanted, others)
     _plan_compat(layout, plan, wanted)
     _plan_trash(layout, plan, wanted)
@@ -246,12 +254,14 @@ def _plan_blobs(
     keep: set[str],
     leased: set[str],
     previous: dict[str, float],
+    cache: ReachCache | None = None,
 ) -> list[str]:
     """Sort every blob into referenced, leased, young, pending and trash (`keep` and `leased`
-    by blob file name); the other names in blobs/ are returned for `_plan_temps`."""
+    by blob file name); the other names in blobs/ are returned for `_plan_temps`. `cache`:
+    the reach index, which holds the names in blobs/ while it is as it was."""
     policy, now = plan.policy, plan.now
     try:
-        names = os.listdir(layout.blobs)
+        names = os.listdir(layout.blobs) if cache is None else cache.listdir(layout.blobs)
     except FileNotFoundError:
         return []
     except OSError as exc:

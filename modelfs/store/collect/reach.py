@@ -28,6 +28,7 @@ from pathlib import Path
 from modelfs.store.collector import cycles_uncollected
 from modelfs.store.digest import Digest, is_blob_name
 from modelfs.store.errors import InvalidNameError, ManifestError, StoreError
+from modelfs.store.index.reachcache import Key, ReachCache
 from modelfs.store.layout import Layout
 from modelfs.store.manifest import (
     MAX_MANIFEST_BYTES,
@@ -71,15 +72,28 @@ class Reach:
 
 
 class _Reader:
-    def __init__(self, layout: Layout, trash: Mapping[Digest, Path]) -> None:
+    def __init__(
+        self, layout: Layout, trash: Mapping[Digest, Path], cache: ReachCache | None = None
+    ) -> None:
         self.layout = layout
         self.trash = trash
+        self.cache = cache
         self.reach = Reach()
         self._children: dict[Digest, ManifestRefs | StoreError | None] = {}
 
     def tree(self, root: Path, *, v2: bool) -> None:
-        top = root.name
+        top, cache = root.name, self.cache
         for parts, de, problem in walk_manifest_tree(root):
+            key = None
+            if cache is not None and not problem:
+                assert de is not None
+                # As it was when its name was found valid and its manifest read: so it stays.
+                key = cache.key(de.path, is_link=de.is_symlink())  # before any read
+                names = None if key is None else cache.names(de.path, key)
+                if names is not None:
+                    self.reach.blob_names.update(names)
+                    self.reach.manifests += 1
+                    continue
             rel = "/".join((top, *parts))
             if problem:
                 # Above tag depth, or a directory at it: no manifest can be there, so nothing
@@ -96,7 +110,7 @@ class _Reader:
                 self._invalid_name(Path(de.path), rel)
                 continue
             try:
-                self.manifest_file(de.path, rel, is_link=de.is_symlink())
+                self.manifest_file(de.path, rel, is_link=de.is_symlink(), key=key)
             except (StoreError, OSError) as exc:
                 removed = removed_tag(self.layout, de.path) if v2 else None
                 if removed is not None:
@@ -120,9 +134,11 @@ class _Reader:
             message = "not a valid model name, but a manifest: its blobs are kept"
         self.reach.strays.append(Problem("stray", rel, message))
 
-    def manifest_file(self, path: str, rel: str, *, is_link: bool) -> None:
-        """Read a tag file; `is_link`: the listing found a symlink there."""
-        trashed = None
+    def manifest_file(self, path: str, rel: str, *, is_link: bool, key: Key | None = None) -> None:
+        """Read a tag file; `is_link`: the listing found a symlink there; `key`: its reach
+        index key, taken before the read (a change after it shows), to remember it by."""
+        cache, trashed = self.cache, None
+        target = ""
         if is_link:
             # The link's target is kept whatever it holds: it is what the tag names.
             try:
@@ -142,16 +158,20 @@ class _Reader:
                     return  # removed between the look and the open: names nothing, as above
                 raise
             raw = read_limited(trashed, MAX_MANIFEST_BYTES)  # dangling into the trash
-        self.manifest_bytes(raw, rel)
+            key = None
+        kept = self.manifest_bytes(raw, rel)
+        if cache is not None and key is not None and kept is not None:
+            cache.keep(path, key, (target, *kept) if is_blob_name(target) else kept)
 
-    def manifest_bytes(self, raw: bytes, rel: str) -> None:
+    def manifest_bytes(self, raw: bytes, rel: str) -> tuple[str, ...] | None:
+        """Count what the manifest `raw` keeps; for a plain one, return those blob names."""
         parsed = parse_manifest_refs(raw, rel)
         self.reach.manifests += 1
         names = self.reach.blob_names
         names.add(parsed.digest.blob_name)
         if isinstance(parsed, ManifestRefs):
             names.update(parsed.blob_names)
-            return
+            return (parsed.digest.blob_name, *parsed.blob_names)
         for child in parsed.children:
             names.add(child.digest.blob_name)
             if child.inline is not None:
@@ -162,6 +182,7 @@ class _Reader:
                 raise ManifestError(f"{rel}: child {child.digest}: {refs}")
             if refs is not None:
                 names.update(refs.blob_names)
+        return None
 
     def _child(self, digest: Digest) -> ManifestRefs | StoreError | None:
         """A list child's manifest blob: None when absent (a pull takes only some children)."""
@@ -199,17 +220,27 @@ class _Reader:
 
 
 def reachable(
-    layout: Layout, manifests: Iterable[Digest] = (), trash: Mapping[Digest, Path] | None = None
+    layout: Layout,
+    manifests: Iterable[Digest] = (),
+    trash: Mapping[Digest, Path] | None = None,
+    cache: ReachCache | None = None,
 ) -> Reach:
     """Every digest some manifest of the store keeps alive; `manifests` are extra roots (from
     leases and tag history): manifest blobs whose blobs count as reachable while they exist.
-    `trash`: the blobs in GC's trash, where a manifest blob missing from `blobs/` is read."""
+    `trash`: the blobs in GC's trash, where a manifest blob missing from `blobs/` is read.
+    `cache`: what the last look read from tag files unchanged since (a plan's, never the look
+    before a move), left updated for the caller to save."""
     with cycles_uncollected():
-        return _reach(layout, manifests, trash or {})
+        return _reach(layout, manifests, trash or {}, cache)
 
 
-def _reach(layout: Layout, manifests: Iterable[Digest], trash: Mapping[Digest, Path]) -> Reach:
-    reader = _Reader(layout, trash)
+def _reach(
+    layout: Layout,
+    manifests: Iterable[Digest],
+    trash: Mapping[Digest, Path],
+    cache: ReachCache | None,
+) -> Reach:
+    reader = _Reader(layout, trash, cache)
     reader.tree(layout.manifests_v2, v2=True)
     reader.tree(layout.manifests, v2=False)
     for digest in manifests:

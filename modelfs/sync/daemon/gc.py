@@ -295,8 +295,9 @@ async def run_gc(
     policy = policy or GcPolicy()
     report = GcReport(str(layout.root), host or host_id(), dry_run, policy)
     if dry_run:
-        # No lock: a dry run writes nothing, so it may look while another GC runs.
-        plan = await trio.to_thread.run_sync(plan_gc, layout, policy)
+        # No lock: a dry run writes nothing (not even the reach index it reads), so it may
+        # look while another GC runs.
+        plan = await trio.to_thread.run_sync(lambda: plan_gc(layout, policy, save_index=False))
         report.take_plan(plan)
         report.finished = time.time()
         return report

@@ -177,7 +177,8 @@ class RegistryApp:
         self._signature: tuple[object, ...] | None = None
         self._checked = -float("inf")
         self._refresh_lock = trio.Lock()
-        self._scan_cache = ScanCache()  # a rebuild re-reads only the tag files that changed
+        # The store's scan index: a start and each rebuild re-read only the tag files that changed.
+        self._scan_cache = ScanCache.open(self.layout)
         self._zstd = ZstdCache()
         # `--mirror`: what the store lacks is fetched from upstream (sync.mirror).
         self.mirror: Mirror | None = None

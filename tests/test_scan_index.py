@@ -1,0 +1,308 @@
+"""The persistent scan index (store.index.scancache) answers as a fresh scan does, whatever is
+done to the store between scans: a seeded random loop of edits (hypothesis is not installed in
+the project's environment), each round compared with a scan that has no index at all."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from modelfs.cli.ls import tags_json
+from modelfs.store.collect.reach import Reach, reachable
+from modelfs.store.digest import Digest
+from modelfs.store.index import indexfile, scancache
+from modelfs.store.index.reachcache import ReachCache
+from modelfs.store.names import parse_name
+from modelfs.store.scan import ScanCache, StoreIndex, scan_store
+from tests.builders import TinyStore
+
+# An edit within RACY_NS of a scan is read again by the next one; the loop waits out a short
+# margin instead of the 2 s one, so that what it checks is the stamps, not the margin.
+RACY_NS = 20_000_000
+SETTLE = 0.03
+
+
+def answer(index: StoreIndex) -> dict[str, Any]:
+    """Everything a scan tells its callers, in comparable form."""
+
+    def entry(e: Any) -> tuple[Any, ...]:
+        return (
+            e.name.key,
+            e.source,
+            e.file,
+            e.top.digest,
+            e.top.raw,
+            e.mtime_ns,
+            e.anchor_mtime_ns,
+            tuple((v.manifest.digest, v.runner, v.format, v.from_list) for v in e.variants),
+            tuple(c.digest for c in e.absent_children),
+        )
+
+    return {
+        "entries": sorted(entry(e) for e in index),
+        "hidden": sorted(entry(e) for e in index.hidden),
+        "problems": sorted((p.kind, p.path, p.message) for p in index.problems),
+        "blobs": sorted(index.blob_names),
+        "configs": sorted(
+            (str(e.name), repr(index.config(v.manifest))) for e in index for v in e.variants
+        ),
+    }
+
+
+def reach_answer(reach: Reach) -> tuple[Any, ...]:
+    return (
+        sorted(reach.blob_names),
+        reach.manifests,
+        sorted(str(p) for p in reach.unreadable),
+        sorted(str(p) for p in reach.strays),
+        sorted(str(p) for p in reach.removed),
+    )
+
+
+class Editor:
+    def __init__(self, tiny: TinyStore, rng: random.Random) -> None:
+        self.tiny, self.rng = tiny, rng
+        self.n = 0
+
+    def plain(self) -> bytes:
+        self.n += 1
+        return self.tiny.manifest(
+            [
+                self.tiny.layer("model", b"weights %d" % self.n),
+                self.tiny.layer("template", b"{{ .Prompt }}"),
+            ],
+            {"model_format": "gguf", "model_family": "llama", "file_type": f"Q{self.n % 9}"},
+        )
+
+    def tags(self, tree: Path) -> list[Path]:
+        return sorted(p for p in tree.rglob("*") if p.is_file() or p.is_symlink())
+
+    def edit(self) -> str:
+        tiny, rng = self.tiny, self.rng
+        legacy, v2 = self.tags(tiny.layout.manifests), self.tags(tiny.layout.manifests_v2)
+        what = rng.choice(
+            ["add", "add", "v2", "list", "rewrite", "rewrite", "remove", "rm-blob", "corrupt"] * 2
+            + ["swap-template"]
+        )
+        if what == "add" or (what in ("rewrite", "remove") and not legacy):
+            tiny.legacy(f"m{rng.randrange(30)}:t{rng.randrange(3)}", self.plain())
+        elif what == "v2":
+            tiny.v2(f"v{rng.randrange(10)}:latest", self.plain())
+        elif what == "list":
+            gguf, mlx = self.plain(), self.plain()
+            lst = tiny.manifest_list([(gguf, "llamacpp", "gguf"), (mlx, "mlx", "safetensors")])
+            tiny.v2(f"l{rng.randrange(10)}:latest", lst)
+        elif what == "rewrite":
+            # In place, same size, mtime put back: only the ctime tells.
+            path = rng.choice(legacy)
+            st = path.stat()
+            raw = path.read_bytes()
+            new = raw.replace(b"llama", b"lLama") if b"llama" in raw else raw[:-1] + b" "
+            with open(path, "r+b") as f:
+                f.write(new[: len(raw)])
+            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+        elif what == "remove":
+            rng.choice(legacy + v2).unlink()
+        elif what == "swap-template":
+            # Other bytes of the same size renamed over the template blob (never done, but
+            # what `ls` read from it must not outlive it): its fields say `insert` now.
+            template = tiny.layout.blob(Digest.of_bytes(b"{{ .Prompt }}"))
+            if template.exists():
+                body = rng.choice([b"{{ .Suffix }}", b"{{ .Prompt }}"])
+                tmp = template.with_name("swap.tmp")
+                tmp.write_bytes(body)
+                tmp.rename(template)
+        elif what == "rm-blob":
+            blobs = sorted(tiny.layout.blobs.iterdir())
+            if blobs:
+                rng.choice(blobs).unlink()
+        elif what == "corrupt":
+            index = tiny.layout.state / rng.choice([scancache.FILE_NAME, "reach-index"])
+            if index.exists():
+                data = bytearray(index.read_bytes())
+                data[rng.randrange(len(data))] ^= 0xFF
+                index.write_bytes(bytes(data[: rng.randrange(len(data) + 1)]))
+        return what
+
+
+def test_the_index_answers_as_a_fresh_scan_over_random_edits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(indexfile, "RACY_NS", RACY_NS)
+    tiny = TinyStore(tmp_path / "models")
+    editor = Editor(tiny, random.Random(20261206))
+    long_lived = ScanCache.open(tiny.layout)  # a mount's: in memory across scans, and saved
+    done: list[str] = []
+    for _ in range(60):
+        for _ in range(editor.rng.randrange(1, 4)):
+            done.append(editor.edit())
+        time.sleep(SETTLE)
+        blobs = tiny.layout.blobs
+        fresh_index = scan_store(tiny.root)
+        fresh, listed = answer(fresh_index), tags_json(fresh_index)
+        assert answer(scan_store(tiny.root, long_lived)) == fresh, done[-4:]
+        # What a command does: open the saved index, scan, save; `ls` saves what it read.
+        command = scan_store(tiny.root, ScanCache.open(tiny.layout))
+        assert answer(command) == fresh, done[-4:]
+        assert tags_json(command) == listed, done[-4:]
+        assert command.cache is not None
+        command.cache.save()
+        # And GC's plan: its reach index against a reach that reads everything.
+        reach_cache = ReachCache.open(tiny.layout)
+        cached = reachable(tiny.layout, cache=reach_cache)
+        assert reach_answer(cached) == reach_answer(reachable(tiny.layout)), done[-4:]
+        assert sorted(reach_cache.listdir(tiny.layout.blobs)) == sorted(os.listdir(blobs))
+        reach_cache.save()
+    assert {"rewrite", "remove", "rm-blob", "corrupt", "list", "swap-template"} <= set(done)
+
+
+def test_edits_by_another_process_reach_a_long_lived_scanner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another host's writes, made by a second process between a mount's rescans, and that
+    process's own saves of the index, which the mount then overwrites."""
+    monkeypatch.setattr(indexfile, "RACY_NS", RACY_NS)
+    tiny = TinyStore(tmp_path / "models")
+    for i in range(5):
+        tiny.gguf_model(f"a{i}:1", payload=b"weights %d" % i)
+    time.sleep(SETTLE)
+    cache = ScanCache.open(tiny.layout)
+    scan_store(tiny.root, cache)
+    script = (
+        "import json, os, sys, time\n"
+        "from modelfs.store.index import indexfile\n"
+        f"indexfile.RACY_NS = {RACY_NS}\n"
+        "from modelfs.store.scan import ScanCache, scan_store\n"
+        "from modelfs.store.layout import Layout\n"
+        "from tests.builders import TinyStore\n"
+        "t = TinyStore(sys.argv[1]); i = int(sys.argv[2])\n"
+        "p = t.layout.legacy_manifest(__import__('modelfs.store.names').store.names"
+        ".parse_name(f'a{i % 5}:1'))\n"
+        "st = p.stat(); raw = p.read_bytes()\n"
+        "new = t.manifest([t.layer('model', b'other %d' % i)], {'model_format': 'gguf'})\n"
+        "new = (new + b' ' * len(raw))[: len(raw)] if len(new) < len(raw) else new\n"
+        "open(p, 'r+b').write(new); os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))\n"
+        "t.gguf_model(f'b{i}:1', payload=b'b %d' % i)\n"
+        "time.sleep(0.03)\n"
+        "scan_store(t.root, ScanCache.open(t.layout))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    for i in range(6):
+        subprocess.run(
+            [sys.executable, "-c", script, str(tiny.root), str(i)],
+            check=True,
+            env=env,
+            cwd=Path(__file__).resolve().parent.parent,
+        )
+        time.sleep(SETTLE)
+        fresh = answer(scan_store(tiny.root))
+        assert answer(scan_store(tiny.root, cache)) == fresh
+        assert answer(scan_store(tiny.root, ScanCache.open(tiny.layout))) == fresh
+
+
+def test_a_file_not_ours_alone_is_ignored_and_a_read_only_store_still_scans(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(indexfile, "RACY_NS", RACY_NS)
+    tiny = TinyStore(tmp_path / "models")
+    tiny.gguf_model("a:1")
+    time.sleep(SETTLE)
+    scan_store(tiny.root, ScanCache.open(tiny.layout))
+    index = tiny.layout.state / scancache.FILE_NAME
+    assert index.exists()
+    assert ScanCache.open(tiny.layout).manifests  # ours: used
+    index.chmod(0o666)
+    caplog.set_level("INFO")
+    assert not ScanCache.open(tiny.layout).manifests
+    assert "not trusted" in caplog.text
+    # Another version, and junk: one line each, a full scan, and the file written again.
+    for data in (b"modelfs scan index\n" + b"\x09" + bytes(20), b"\x80\x04junk"):
+        index.write_bytes(data)
+        index.chmod(0o644)
+        caplog.clear()
+        cache = ScanCache.open(tiny.layout)
+        assert len(caplog.records) == 1 and "rebuilds it" in caplog.text
+        assert caplog.records[0].exc_info is None
+        assert [e.name.shortest for e in scan_store(tiny.root, cache)] == ["a:1"]
+        assert ScanCache.open(tiny.layout).manifests
+    # A store we may not write to: scanned, nothing saved, no error.
+    index.unlink()
+    monkeypatch.setattr(scancache, "_save", _refuse)
+    cache = ScanCache.open(tiny.layout)
+    assert [e.name.shortest for e in scan_store(tiny.root, cache)] == ["a:1"]
+    assert not index.exists()
+
+
+def _refuse(cache: ScanCache, path: Path) -> None:
+    raise PermissionError(13, "Permission denied")
+
+
+def test_a_change_within_the_racy_margin_is_not_kept(tmp_path: Path) -> None:
+    """Written just now, a tag file could be rewritten again within its clock's tick with the
+    same stamp: the index does not keep it, so the next scan reads it."""
+    tiny = TinyStore(tmp_path / "models")
+    tiny.gguf_model("a:1")
+    cache = ScanCache.open(tiny.layout)
+    scan_store(tiny.root, cache)
+    assert cache.manifests == {}
+    saved = json.dumps(sorted(ScanCache.open(tiny.layout).manifests))
+    assert saved == "[]"
+
+
+def test_a_dry_run_reads_the_reach_index_and_writes_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GC's invariant 7 (docs/architecture.md): a dry run changes nothing, its index neither;
+    a plan that may act leaves it for the next."""
+    import trio
+
+    from modelfs.store.collect.gc import GcPolicy
+    from modelfs.sync.daemon.gc import run_gc
+
+    monkeypatch.setattr(indexfile, "RACY_NS", RACY_NS)
+    tiny = TinyStore(tmp_path / "models")
+    tiny.gguf_model("a:1")
+    time.sleep(SETTLE)
+    index = tiny.layout.state / "reach-index"
+    report = trio.run(lambda: run_gc(tiny.layout, GcPolicy(), dry_run=True))
+    assert report.dry_run and not report.refused
+    assert not index.exists()
+    trio.run(lambda: run_gc(tiny.layout, GcPolicy()))
+    assert set(ReachCache.open(tiny.layout).files) == {
+        str(tiny.layout.legacy_manifest(parse_name("a:1")))
+    }
+
+
+def test_what_ls_read_from_a_blob_goes_when_blobs_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`ls` keeps a template's fields in the index; bytes renamed over the blob (whatever
+    wrote them) are read again, since the rename changes blobs/."""
+    monkeypatch.setattr(indexfile, "RACY_NS", RACY_NS)
+    tiny = TinyStore(tmp_path / "models")
+    tiny.gguf_model("a:1")
+    time.sleep(SETTLE)
+
+    def capabilities() -> list[str]:
+        index = scan_store(tiny.root, ScanCache.open(tiny.layout))
+        listed = json.loads(tags_json(index))["models"][0].get("capabilities", [])
+        assert index.cache is not None
+        index.cache.save()
+        return list(listed)
+
+    assert capabilities() == []
+    assert ScanCache.open(tiny.layout).facts  # kept
+    template = tiny.layout.blob(Digest.of_bytes(b"{{ .Prompt }}"))
+    tmp = template.with_name("swap.tmp")
+    tmp.write_bytes(b"{{ .Suffix }}")
+    tmp.rename(template)
+    time.sleep(SETTLE)
+    assert capabilities() == ["insert"]
