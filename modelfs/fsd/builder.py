@@ -13,6 +13,7 @@ that was shown; it only makes what is inside.
 
 from __future__ import annotations
 
+import errno
 import functools
 import gc
 import logging
@@ -21,6 +22,7 @@ import weakref
 from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 
+from modelfs.fsd import heap
 from modelfs.fsd.compat_dirs import CompatDirs
 from modelfs.fsd.nodes import (
     ROOT_INODE,
@@ -46,7 +48,12 @@ from modelfs.store.names import Name
 from modelfs.store.scan import DEFAULT_PREFER, Entry, StoreIndex, Variant
 from modelfs.store.tools.files import ModelFile, model_files
 from modelfs.store.tools.toolviews import ToolModel, blob_tensor_names, layout_files, tool_models
-from modelfs.store.tools.views import MergedSafetensors, merge_safetensors, render_modelfile
+from modelfs.store.tools.views import (
+    MergedSafetensors,
+    Segment,
+    merge_safetensors,
+    render_modelfile,
+)
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +190,7 @@ class _Build(CompatDirs):
         self.pending: dict[int, Node] = {}  # made lazily before the tree is attached
         self.sink: weakref.ref[NodeSink] | None = None
         self.current = True
+        self.view_errors = 0  # told once the build is done (CompatDirs.tell_view_errors)
 
     # -- registration --------------------------------------------------------------------
     def register(self, node: Node) -> None:
@@ -232,6 +240,7 @@ class _Build(CompatDirs):
         for key, merged in self.merged_nodes.items():
             merged.links = self.merged_links.get(key, 1)
         nodes, self.nodes = self.nodes, None
+        self.tell_view_errors()
         return NameTree(root, nodes, self.blob_nodes, self)
 
     def _fill_blobs(self, blobs: DirNode) -> None:
@@ -419,7 +428,8 @@ class _Build(CompatDirs):
         d = self._dir((*holder.path, rel[-1]), entry.modified_ns, xattrs)
         d.is_model = True
         tensors = _tensor_key(plan.files)
-        heavy = self._merge_is_heavy(tensors)
+        # One tensor blob needs no merge: a big one is checked at its first open instead.
+        heavy = len(tensors) > 1 and self._merge_is_heavy(tensors)
         if lazy or heavy:
             d._fill = functools.partial(self._fill_lazy, entry, v)
             d._subdirs = plan.subdirs + (1 if self._shows_compat(plan, v) else 0)
@@ -465,11 +475,14 @@ class _Build(CompatDirs):
             status += self._add_compat(d, plan, v, mtime)
         safetensors = any(f.layer.kind == "tensor" for f in files)
         if safetensors:
-            merged = self._merged_view(files)
+            key = _tensor_key(files)
+            unread = self._unread_single(key)
+            merged = unread or self._merged_view(files)
             if isinstance(merged, MergedSafetensors):
-                d._children["model.safetensors"] = self._merged_node(
-                    _tensor_key(files), merged, mtime
-                )
+                node = self._merged_node(key, merged, mtime)
+                if unread is not None and node.check is None:
+                    node.check = functools.partial(self._check_single, key)
+                d._children["model.safetensors"] = node
             elif merged:
                 status.append(f"model.safetensors not shown: {merged}")
         d._children["Modelfile"] = self._bytes(
@@ -539,6 +552,37 @@ class _Build(CompatDirs):
                     break
             heavy = self.heavy[key] = total > EAGER_HEADER_BYTES
         return heavy
+
+    def _unread_single(self, key: tuple[Digest, ...]) -> MergedSafetensors | None:
+        """The `model.safetensors` of one tensor blob whose header is too big to read now: the
+        blob as it is, at its size (what its merge is when the header is sound), not read
+        until `_check_single` runs at the first open. None for anything else."""
+        if len(key) != 1 or not self._merge_is_heavy(key):
+            return None
+        info = self.index.blob_info(key[0])
+        if info is None:
+            return None
+        path = self.index.layout.blob(key[0])
+        return MergedSafetensors(
+            b"", (Segment(0, path, 0, info.size),) if info.size else (), info.size
+        )
+
+    def _check_single(self, key: tuple[Digest, ...]) -> None:
+        """Check the header of an unread single tensor blob (see `_unread_single`), once per
+        mount however many opens ask at once; OSError(EIO) saying what is wrong with it."""
+        with self.builder.merge_locks.setdefault(key, threading.Lock()):
+            result = self.merged.get(key)
+            if result is None:
+                path = self.index.layout.blob(key[0])
+                try:
+                    # Parsed to be checked, then let go: the file is served as it is.
+                    result = merge_safetensors([(path, read_safetensors_header_path(path))])
+                except (OSError, StoreError) as exc:
+                    result = str(exc)
+                self.merged[key] = result
+                heap.trim()  # the parse held a few hundred MB, all freed now
+        if isinstance(result, str):
+            raise OSError(errno.EIO, f"model.safetensors not served: {result}")
 
     def _prepare_merged(self, files: list[ModelFile]) -> None:
         key = _tensor_key(files)

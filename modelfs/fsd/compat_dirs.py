@@ -26,6 +26,7 @@ from modelfs.store.compat import (
 from modelfs.store.digest import Digest
 from modelfs.store.errors import StoreError
 from modelfs.store.scan import StoreIndex, Variant
+from modelfs.store.units import counted
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,10 @@ class CompatDirs:
     mmproj: dict[Digest, GGUFView | str | None]
     compat_nodes: dict[tuple[Digest, str], CompatNode]
     compat_links: dict[tuple[Digest, str], int]
+    # While a build or `make_views` runs, the blobs that got no view for an error are counted
+    # and told at debug level, one summary line at the end (a store of 3,000 GGUF files of a
+    # version llama.cpp cannot read made 3,000 warnings); at other times, each is a warning.
+    view_errors: int | None = None
 
     if TYPE_CHECKING:
 
@@ -73,7 +78,11 @@ class CompatDirs:
             try:
                 result = make(path, digest.hex)
             except (OSError, StoreError, ValueError) as exc:
-                log.warning("%s: no llama.cpp view: %s", digest, exc)
+                if self.view_errors is None:
+                    log.warning("%s: no llama.cpp view: %s", digest, exc)
+                else:
+                    log.debug("%s: no llama.cpp view: %s", digest, exc)
+                    self.view_errors += 1
                 result = str(exc)
         cache[digest] = result
         return result
@@ -130,12 +139,26 @@ class CompatDirs:
     def make_views(self) -> int:
         decisions = self.builder.decisions
         made = 0
-        for kind, digest in decisions.views() if decisions is not None else ():
-            cache = self.compat if kind == "model" else self.mmproj
-            if digest not in cache:
-                (self.compat_views if kind == "model" else self.mmproj_view)(digest)
-                made += 1
+        self.view_errors = 0
+        try:
+            for kind, digest in decisions.views() if decisions is not None else ():
+                cache = self.compat if kind == "model" else self.mmproj
+                if digest not in cache:
+                    (self.compat_views if kind == "model" else self.mmproj_view)(digest)
+                    made += 1
+        finally:
+            self.tell_view_errors()
         return made
+
+    def tell_view_errors(self) -> None:
+        """The summary of the view errors counted since `view_errors` was set to 0; from now
+        on each is a warning of its own."""
+        errors, self.view_errors = self.view_errors, None
+        if errors:
+            log.warning(
+                "%s: no llama.cpp view (a GGUF it cannot read; each named with -v)",
+                counted(errors, "GGUF blob"),
+            )
 
     def _compat_shape(
         self, plan: ModelPlan, v: Variant

@@ -148,9 +148,16 @@ class BytesNode(Node):
 
 @dataclass(eq=False)
 class MergedNode(Node):
-    """`model.safetensors`: a merged header, data read from many blobs."""
+    """`model.safetensors`: a merged header, data read from many blobs.
+
+    A single tensor blob is its own merge, served as it is; when its header is big (a million
+    tensors, 100 MB), it is shown unread, at the blob's size, and checked at the first open
+    (`check`, run in a worker thread), so neither the mount's start nor a listing reads it.
+    """
 
     merged: MergedSafetensors | None = None
+    # Raises OSError(EIO) naming what is wrong; every open runs it (the outcome is cached).
+    check: Callable[[], None] | None = field(default=None, repr=False)
 
     @property
     def size(self) -> int:

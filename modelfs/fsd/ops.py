@@ -446,6 +446,8 @@ class ModelOperations(pyfuse3.Operations):
         elif isinstance(node, CompatNode):
             handle.fd = self._open_blob(node.path, None)
         elif isinstance(node, MergedNode):
+            if node.check is not None:
+                node.check()
             assert node.merged is not None
             for seg in node.merged.segments:
                 if seg.path not in handle.fds:
