@@ -4,11 +4,13 @@ A tree is immutable once built; a change in the store builds a new one. Its node
 inode numbers are in fsd.nodes; the `llama.cpp/` directories it holds are made by
 fsd.compat_dirs.
 
-The short-name model directories are built at once (they are what `ls -lR MOUNT` walks); the
-model directories under `.by-name/` and `.by-digest/`, and `.blobs/`, are placed at once but
-filled on first use. Everything a listing of their parent shows (inode, mtime, link count, the
-link counts of the blobs inside) is known when they are placed, so filling one changes nothing
-that was shown; it only makes what is inside.
+A build reads no blob and makes no model directory's content: the short-name model
+directories are placed at once and filled on first use; `.by-name/`, `.by-digest/` and
+`.blobs/` are filled on first use, and so are the model directories in them. What a listing
+shows of a directory not filled yet (inode, mtime, link count, the link counts of the blobs
+inside) is settled when the build ends, or, for a model directory's own link count, which
+depends on whether its GGUF gets a `llama.cpp/` view, worked out when first asked; filling one
+changes nothing that was shown, it only makes what is inside.
 """
 
 from __future__ import annotations
@@ -91,6 +93,12 @@ class NameTree:
         thread, after the mount is ready): filling `llama.cpp/` in the request loop is then
         only placing nodes. Returns how many were made."""
         return self._build.make_views() if self._build is not None else 0
+
+    def save_decisions(self) -> None:
+        """Write the llama.cpp decisions made since the build (directories are filled and
+        their link counts asked after it): at the next build, and when the mount ends."""
+        if self._build is not None and self._build.builder.decisions is not None:
+            self._build.builder.decisions.save()
 
     def retain_inodes(self, live: Container[int]) -> None:
         """Let the inode table forget numbers not in `live` (see InodeTable.retain)."""
@@ -184,13 +192,13 @@ class _Build(CompatDirs):
         self.merged_nodes: dict[tuple[Digest, ...], MergedNode] = {}
         self.merged_links: dict[tuple[Digest, ...], int] = {}
         self.compat_nodes: dict[tuple[Digest, str], CompatNode] = {}
-        self.compat_links: dict[tuple[Digest, str], int] = {}
+        self.gguf_places: dict[Digest, int] = {}
+        self.projector_places: dict[Digest, list[Digest]] = {}
         self.heavy: dict[tuple[Digest, ...], bool] = {}  # see _merge_is_heavy
         self.nodes: dict[int, Node] | None = {}  # while building; then None
         self.pending: dict[int, Node] = {}  # made lazily before the tree is attached
         self.sink: weakref.ref[NodeSink] | None = None
         self.current = True
-        self.view_errors = 0  # told once the build is done (CompatDirs.tell_view_errors)
 
     # -- registration --------------------------------------------------------------------
     def register(self, node: Node) -> None:
@@ -225,12 +233,19 @@ class _Build(CompatDirs):
         blobs = self._mkdirs(root, (".blobs",), root_mtime)
         blobs._fill = self._fill_blobs
 
+        # The model directories under .by-name/ and .by-digest/ are made when those are
+        # first looked into; what they will show is counted now (link counts, and their own:
+        # a name's four parts and a digest never run into another model's directory).
+        hidden: tuple[_Places, _Places] = ({}, {})
         for entry in index.sorted_entries():
             try:
-                self._add_entry(root, by_name, by_digest, entry)
+                self._add_entry(root, hidden, entry)
             except Exception:
                 # One model's oddity must not cost the user the whole view.
                 log.exception("%s: not shown", entry.name)
+        for places, holder in zip(hidden, (by_name, by_digest), strict=True):
+            holder._fill = functools.partial(self._fill_hidden, places)
+            holder._subdirs = len({rel[0] for rel in places})
         models = tool_models(index, self.prefer, lambda m: self._plan(m).files)
         for layout, top in TOOL_VIEWS:
             try:
@@ -240,7 +255,6 @@ class _Build(CompatDirs):
         for key, merged in self.merged_nodes.items():
             merged.links = self.merged_links.get(key, 1)
         nodes, self.nodes = self.nodes, None
-        self.tell_view_errors()
         return NameTree(root, nodes, self.blob_nodes, self)
 
     def _fill_blobs(self, blobs: DirNode) -> None:
@@ -332,7 +346,7 @@ class _Build(CompatDirs):
                 missing.append(f"missing blob {manifest.config.digest} (.ollama/config.json)")
             else:
                 config = self._blob(manifest.config.digest, manifest.config.media_type)
-        plan = ModelPlan(files, shown, missing, config, len(subdirs))
+        plan = ModelPlan(files, shown, missing, config, len(subdirs), _tensor_key(files))
         self.plans[manifest.digest] = plan
         return plan
 
@@ -384,29 +398,44 @@ class _Build(CompatDirs):
             holder._children[parts[-1]] = node
 
     # -- model directories ---------------------------------------------------------------
-    def _add_entry(self, root: DirNode, by_name: DirNode, by_digest: DirNode, entry: Entry) -> None:
+    def _add_entry(self, root: DirNode, hidden: tuple[_Places, _Places], entry: Entry) -> None:
+        by_name, by_digest = hidden
         name = entry.name
         canonical = name.legacy_parts()
         preferred = entry.preferred(self.prefer)
         if preferred is not None:
-            self._place(by_name, canonical, entry, preferred, lazy=True)
+            self._defer(by_name, canonical, entry, preferred)
             self._place(root, short_path(name), entry, preferred)
-            self._place(by_digest, (entry.digest.hex,), entry, preferred, lazy=True)
+            self._defer(by_digest, (entry.digest.hex,), entry, preferred)
         for v in entry.variants:
             if v.from_list and v.runner:
                 parts = short_path(name)
                 self._place(root, (*parts[:-1], f"{parts[-1]}@{v.runner}"), entry, v)
-                self._place(
-                    by_name,
-                    (*canonical[:-1], f"{canonical[-1]}@{v.runner}"),
-                    entry,
-                    v,
-                    lazy=True,
-                )
-            self._place(by_digest, (v.manifest.digest.hex,), entry, v, lazy=True)
+                self._defer(by_name, (*canonical[:-1], f"{canonical[-1]}@{v.runner}"), entry, v)
+            self._defer(by_digest, (v.manifest.digest.hex,), entry, v)
+
+    def _defer(self, places: _Places, rel: tuple[str, ...], entry: Entry, v: Variant) -> None:
+        """A model directory to place when its top (.by-name/, .by-digest/) is filled; its
+        links counted now. First come wins, as in `_place`."""
+        if rel not in places:
+            places[rel] = (entry, v)
+            self._count_place(self._plan(v.manifest), v)
+
+    def _fill_hidden(self, places: _Places, top: DirNode) -> None:
+        for rel, (entry, v) in places.items():
+            try:
+                self._place(top, rel, entry, v, counted=True)
+            except Exception:
+                log.exception("%s: not shown", entry.name)
 
     def _place(
-        self, parent: DirNode, rel: tuple[str, ...], entry: Entry, v: Variant, lazy: bool = False
+        self,
+        parent: DirNode,
+        rel: tuple[str, ...],
+        entry: Entry,
+        v: Variant,
+        *,
+        counted: bool = False,
     ) -> None:
         try:
             holder = self._mkdirs(parent, rel[:-1], entry.modified_ns)
@@ -427,27 +456,29 @@ class _Build(CompatDirs):
         }
         d = self._dir((*holder.path, rel[-1]), entry.modified_ns, xattrs)
         d.is_model = True
-        tensors = _tensor_key(plan.files)
-        # One tensor blob needs no merge: a big one is checked at its first open instead.
-        heavy = len(tensors) > 1 and self._merge_is_heavy(tensors)
-        if lazy or heavy:
-            d._fill = functools.partial(self._fill_lazy, entry, v)
-            d._subdirs = plan.subdirs + (1 if self._shows_compat(plan, v) else 0)
-            if heavy:
-                d._prepare = functools.partial(self._prepare_merged, plan.files)
-        else:
-            self._fill_model(entry, v, d)
+        tensors = plan.tensors
+        # Filled on first use; nothing here reads a blob. Several tensor blobs are merged
+        # first, in a worker thread when their headers are big (`_prepare_merged`); one needs
+        # no merge (a big one is checked at its first open instead).
+        d._fill = functools.partial(self._fill_lazy, entry, v)
+        d._count_subdirs = functools.partial(self._subdirs_of, plan, v)
+        if len(tensors) > 1 and tensors not in self.merged:
+            d._prepare = functools.partial(self._prepare_merged, plan.files)
         holder._children[rel[-1]] = d
-        # Link counts are settled here, filled or not, so no listing ever sees one move.
+        if not counted:
+            self._count_place(plan, v)
+
+    def _count_place(self, plan: ModelPlan, v: Variant) -> None:
+        """Count a model directory in the link counts of what it shows. All are counted by the
+        end of the build, filled or not, so no listing ever sees one move."""
         if self.data != "symlink":
             for _, blob in plan.shown:
                 blob.links += 1
         if plan.config is not None:
             plan.config.links += 1
-        if tensors:
-            self.merged_links[tensors] = self.merged_links.get(tensors, 0) + 1
-        for key in self._compat_shape(plan, v)[0]:
-            self.compat_links[key] = self.compat_links.get(key, 0) + 1
+        if plan.tensors:
+            self.merged_links[plan.tensors] = self.merged_links.get(plan.tensors, 0) + 1
+        self.count_compat_place(plan, v)
 
     def _fill_lazy(self, entry: Entry, v: Variant, d: DirNode) -> None:
         try:
@@ -584,8 +615,13 @@ class _Build(CompatDirs):
         if isinstance(result, str):
             raise OSError(errno.EIO, f"model.safetensors not served: {result}")
 
+    def _subdirs_of(self, plan: ModelPlan, v: Variant) -> int:
+        return plan.subdirs + (1 if self._shows_compat(plan, v) else 0)
+
     def _prepare_merged(self, files: list[ModelFile]) -> None:
         key = _tensor_key(files)
+        if not self._merge_is_heavy(key):
+            return  # made when the directory is filled: a small header is read at once
         with self.builder.merge_locks.setdefault(key, threading.Lock()):
             self._merged_view(files)
 
@@ -629,6 +665,10 @@ class _Build(CompatDirs):
 def _tensor_key(files: list[ModelFile]) -> tuple[Digest, ...]:
     """The tensor blobs of a model, in order: what its `model.safetensors` is made of."""
     return tuple(f.layer.digest for f in files if f.layer.kind == "tensor")
+
+
+# Model directories to place under one top, by their path below it.
+_Places = dict[tuple[str, ...], tuple[Entry, Variant]]
 
 
 class _Clash(Exception):

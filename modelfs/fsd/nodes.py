@@ -70,10 +70,12 @@ class DirNode(Node):
     path: tuple[str, ...] = ()
     is_model: bool = False
     # A lazy directory has `_fill` set until first use, and `_subdirs` says what its link
-    # count will be; `children` fills it.
+    # count will be (or `_count_subdirs` works it out when first asked: a model directory's
+    # `llama.cpp/` depends on its GGUF's header); `children` fills it.
     _children: dict[str, Node] = field(default_factory=dict, repr=False)
     _fill: Callable[[DirNode], None] | None = field(default=None, repr=False)
     _subdirs: int = 0
+    _count_subdirs: Callable[[], int] | None = field(default=None, repr=False)
     # Slow work the fill needs (a merged header of a huge safetensors blob), to be run in a
     # worker thread before the first look inside, so the request loop never waits for it.
     _prepare: Callable[[], None] | None = field(default=None, repr=False)
@@ -111,6 +113,10 @@ class DirNode(Node):
     @property
     def nlink(self) -> int:
         if self._fill is not None:
+            count = self._count_subdirs
+            if count is not None:
+                self._subdirs = count()
+                self._count_subdirs = None
             return 2 + self._subdirs
         return 2 + sum(isinstance(c, DirNode) for c in self._children.values())
 
