@@ -6,6 +6,7 @@ also when the store changes meanwhile, two readers arrive at once, or the deferr
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import threading
@@ -197,3 +198,51 @@ def test_gguf_blobs_without_a_view_are_one_warning(
     assert len(told) == 3
     assert [r.levelno for r in told] == [logging.WARNING, logging.DEBUG, logging.DEBUG]
     assert told[0].getMessage().endswith("(any others: -v)")
+
+
+def test_the_hub_index_of_big_shards_is_made_when_looked_into(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model of two tensor blobs, one with a big header: `.huggingface/hub/` shows them as
+    shards with model.safetensors.index.json, whose tensor names the build read from every
+    header (a 100 MB one took seconds and kept 500 MB). Now no header is read until the
+    snapshot directory is looked into; then the index is what it was."""
+    import modelfs.store.tools.toolviews as toolviews
+
+    monkeypatch.setattr(fsd_builder, "EAGER_HEADER_BYTES", 1000)
+    tiny = TinyStore(tmp_path / "models")
+    big = many_tensor_safetensors(300)
+    text = b'{"x.weight":{"dtype":"U8","shape":[3],"data_offsets":[0,3]}}'
+    text += b" " * (-len(text) % 8)
+    small = len(text).to_bytes(8, "little") + text + b"abc"
+    layers = [tiny.layer("tensor", big, name="mlp"), tiny.layer("tensor", small, name="x")]
+    tiny.legacy("hf.co/org/two:latest", tiny.manifest(layers, SAFETENSORS_CONFIG))
+    calls = count_header_reads(monkeypatch)
+    real = toolviews.read_safetensors_header_path
+    monkeypatch.setattr(
+        toolviews, "read_safetensors_header_path", lambda p: calls.append(str(p)) or real(p)
+    )
+    tree = TreeBuilder(InodeTable()).build(scan_store(tiny.root))
+    assert calls == []
+    repo = tree.root.children[".huggingface"].children["hub"].children["models--org--two"]  # type: ignore[attr-defined]
+    (snapshot,) = repo.children["snapshots"].children.values()
+    assert isinstance(snapshot, DirNode) and snapshot.needs_prepare and calls == []
+    nlink = snapshot.nlink
+    snapshot.prepare()  # the mount runs this in a worker thread before the first lookup
+    assert len(calls) == 2
+    index = snapshot.children["model.safetensors.index.json"]
+    weight_map = json.loads(index.data)["weight_map"]  # type: ignore[attr-defined]
+    assert len(weight_map) == 301
+    assert weight_map["x.weight"] == "model-00002-of-00002.safetensors"
+    assert weight_map["mlp.0000299.weight"] == "model-00001-of-00002.safetensors"
+    assert snapshot.nlink == nlink
+    assert sorted(snapshot.children) == [
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+        "model.safetensors.index.json",
+    ]
+    # The next build of the same mount reads nothing again.
+    again = TreeBuilder(InodeTable())
+    again.indexes = tree._build.builder.indexes  # type: ignore[union-attr]
+    again.build(scan_store(tiny.root))
+    assert len(calls) == 2

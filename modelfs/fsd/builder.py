@@ -49,7 +49,14 @@ from modelfs.store.manifest import Manifest, clean_text
 from modelfs.store.names import Name
 from modelfs.store.scan import DEFAULT_PREFER, Entry, StoreIndex, Variant
 from modelfs.store.tools.files import ModelFile, model_files
-from modelfs.store.tools.toolviews import ToolModel, blob_tensor_names, layout_files, tool_models
+from modelfs.store.tools.toolviews import (
+    Deferred,
+    ToolFile,
+    ToolModel,
+    layout_files,
+    safetensors_index,
+    tool_models,
+)
 from modelfs.store.tools.views import (
     MergedSafetensors,
     Segment,
@@ -139,6 +146,8 @@ class TreeBuilder:
         self.decisions: Decisions | None = None
         # The tensor names of safetensors blobs, for the hub cache's index files.
         self.tensor_names: dict[Digest, tuple[list[str], int] | None] = {}
+        # ... and the hub cache's model.safetensors.index.json, by its shards' blobs.
+        self.indexes: dict[tuple[Digest, ...], bytes | None] = {}
 
     def build(self, index: StoreIndex) -> NameTree:
         # A build makes ~20 objects per model and keeps them all; the cyclic collector would
@@ -161,8 +170,9 @@ class TreeBuilder:
         for cache in (self.compat, self.mmproj, self.tensor_names):
             for digest in [d for d in cache if not index.has_blob(d)]:
                 del cache[digest]
-        for key in [k for k in self.merged if not all(index.has_blob(d) for d in k)]:
-            del self.merged[key]
+        for keyed in (self.merged, self.indexes):
+            for key in [k for k in keyed if not all(index.has_blob(d) for d in k)]:
+                del keyed[key]
 
 
 class _Build(CompatDirs):
@@ -380,12 +390,15 @@ class _Build(CompatDirs):
         show (one inode per blob: passthrough, leases and xattrs are theirs)."""
         base = self._mkdirs(root, top, mtime_ns)
         mtimes = {m.name.key: m.mtime_ns for m in models}
-        names = blob_tensor_names(self.index, self.builder.tensor_names)
-        for f in layout_files(layout, models, names):
+        indexes: list[tuple[DirNode, str, tuple[str, ...], ToolFile, int]] = []
+        for f in layout_files(layout, models, self._known_tensor_names):
             parts = f.path.split("/")
             when = mtimes[f.name.key]
             holder = self._mkdirs(base, parts[:-1], when)
             node: Node
+            if f.shards:
+                indexes.append((holder, parts[-1], (*top, *parts), f, when))
+                continue
             if f.source is None:
                 node = self._bytes((*top, *parts), f.data, when)
             else:
@@ -396,6 +409,61 @@ class _Build(CompatDirs):
                 if self.data != "symlink":
                     blob.links += 1
             holder._children[parts[-1]] = node
+        # An index whose shards' headers were not read yet is made when its directory is
+        # first looked into: read in a worker thread (`_index_of`), placed by the fill.
+        for holder, name, path, f, when in indexes:
+            holder._subdirs = sum(isinstance(c, DirNode) for c in holder._children.values())
+            holder._prepare = functools.partial(self._index_of, f.shards)
+            holder._fill = functools.partial(self._fill_index, name, path, f.shards, when)
+
+    def _known_tensor_names(self, f: ModelFile) -> tuple[list[str], int] | None:
+        """The tensor names of a blob read at an earlier build; Deferred for any other, so
+        that a build reads no header (one of 100 MB takes seconds and 500 MB)."""
+        known = self.builder.tensor_names
+        if f.layer.digest not in known:
+            raise Deferred
+        return known[f.layer.digest]
+
+    def _read_tensor_names(self, f: ModelFile) -> tuple[list[str], int] | None:
+        """A tensor blob's names, read; kept for the next builds when its header is small."""
+        digest = f.layer.digest
+        known = self.builder.tensor_names
+        if digest in known:
+            return known[digest]
+        read = None
+        try:
+            header = read_safetensors_header_path(self.index.layout.blob(digest))
+            read = ([t.name for t in header.tensors], header.data_size)
+            small = header.header_len <= EAGER_HEADER_BYTES
+        except (OSError, StoreError):
+            small = True
+        if small:
+            known[digest] = read
+        return read
+
+    def _index_of(self, shards: tuple[tuple[str, ModelFile], ...]) -> bytes | None:
+        """The index of these shards, made once per mount however many ask at once."""
+        key = tuple(f.layer.digest for _, f in shards)
+        with self.builder.merge_locks.setdefault(key, threading.Lock()):
+            if key not in self.builder.indexes:
+                data = safetensors_index(shards, self._read_tensor_names)
+                self.builder.indexes[key] = data
+                heap.trim()  # a big header's names are let go
+        return self.builder.indexes[key]
+
+    def _fill_index(
+        self,
+        name: str,
+        path: tuple[str, ...],
+        shards: tuple[tuple[str, ModelFile], ...],
+        mtime_ns: int,
+        holder: DirNode,
+    ) -> None:
+        data = self._index_of(shards)
+        if data is None:
+            log.warning("%s: not shown: a shard's header cannot be read", "/".join(path))
+            return
+        holder._children[name] = self._bytes(path, data, mtime_ns)
 
     # -- model directories ---------------------------------------------------------------
     def _add_entry(self, root: DirNode, hidden: tuple[_Places, _Places], entry: Entry) -> None:

@@ -78,7 +78,7 @@ class DirNode(Node):
     _count_subdirs: Callable[[], int] | None = field(default=None, repr=False)
     # Slow work the fill needs (a merged header of a huge safetensors blob), to be run in a
     # worker thread before the first look inside, so the request loop never waits for it.
-    _prepare: Callable[[], None] | None = field(default=None, repr=False)
+    _prepare: Callable[[], object] | None = field(default=None, repr=False)
     mode = stat.S_IFDIR | 0o555
 
     @property
