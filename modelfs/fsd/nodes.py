@@ -111,6 +111,11 @@ class DirNode(Node):
             self._prepare = None
 
     @property
+    def nlink_pending(self) -> bool:
+        """True while its link count is still to be worked out (which may read a blob)."""
+        return self._fill is not None and self._count_subdirs is not None
+
+    @property
     def nlink(self) -> int:
         if self._fill is not None:
             count = self._count_subdirs
