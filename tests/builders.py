@@ -157,3 +157,18 @@ def many_tensor_safetensors(n: int) -> bytes:
     text = ("{" + ",".join(entry.format(i, 4 * i, 4 * i + 4) for i in range(n)) + "}").encode()
     text += b" " * (-len(text) % 8)
     return len(text).to_bytes(8, "little") + text + array.array("I", range(n)).tobytes()
+
+
+def count_header_reads(monkeypatch: Any) -> list[str]:
+    """The paths of the safetensors headers the mount's tree builder reads from now on."""
+    import modelfs.fsd.builder as fsd_builder
+
+    calls: list[str] = []
+    real = fsd_builder.read_safetensors_header_path
+
+    def counting(path: str) -> object:
+        calls.append(str(path))
+        return real(path)
+
+    monkeypatch.setattr(fsd_builder, "read_safetensors_header_path", counting)
+    return calls

@@ -256,6 +256,9 @@ def test_a_later_mount_reads_no_header_until_llama_cpp_is_looked_into(
     first_dir = first.root.children["gemma3"].children["tiny"].children["llama.cpp"]
     first_view = first_dir.children["model.gguf"]
     assert isinstance(first_view, CompatNode)
+    # A blob is decided when a directory holding it is first looked into (or listed).
+    assert "llama.cpp" not in first.root.children["plain"].children["tiny"].children
+    first.save_decisions()  # as the mount does when it ends (or at its next build)
     decided = json.loads((tiny.layout.state / "compat-decisions.json").read_bytes())
     assert sorted(decided["decisions"].values()) == ["model+mmproj", "none"]  # gemma3, plain
 
@@ -305,6 +308,7 @@ def test_a_later_mount_reads_no_header_until_llama_cpp_is_looked_into(
     tiny.layout.legacy_manifest(parse_name("plain:tiny")).unlink()
     tree = TreeBuilder(InodeTable()).build(scan_store(tiny.root))
     assert "llama.cpp" in tree.root.children["gemma3"].children["tiny"].children
+    tree.save_decisions()
     assert json.loads(path.read_bytes())["decisions"] == {
         f"model:{view.digest.hex}": "model+mmproj"
     }

@@ -20,7 +20,7 @@ from modelfs.fsd.builder import TreeBuilder
 from modelfs.fsd.nodes import DirNode, InodeTable, MergedNode, Node
 from modelfs.store.formats.safetensors import read_safetensors_header_path
 from modelfs.store.scan import scan_store
-from tests.builders import TinyStore, many_tensor_safetensors
+from tests.builders import TinyStore, count_header_reads, many_tensor_safetensors
 from tests.mounting import MODELFS, fuse, mounted
 
 HUGE = 1_200_000
@@ -69,14 +69,7 @@ def test_a_build_reads_no_big_header(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(fsd_builder, "EAGER_HEADER_BYTES", 1000)
     tiny = _huge_store(tmp_path / "models", 200, extra_tensor=True)
     index = scan_store(tiny.root)
-    calls: list[str] = []
-    real = fsd_builder.read_safetensors_header_path
-
-    def counting(path: str) -> object:
-        calls.append(str(path))
-        return real(path)
-
-    monkeypatch.setattr(fsd_builder, "read_safetensors_header_path", counting)
+    calls = count_header_reads(monkeypatch)
     tree = TreeBuilder(InodeTable()).build(index)
     assert calls == []
     huge = tree.root.children["huge"]._children["latest"]

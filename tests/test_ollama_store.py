@@ -289,6 +289,7 @@ def test_a_v2_link_resolves_where_it_is_made_and_leaves_nothing_behind(
         raise FileNotFoundError(2, "No such file or directory")
 
     monkeypatch.setattr(os, "symlink", symlink_made_but_failed)
+
     def no_hardlinks(*args: Any, **kwargs: Any) -> None:
         raise PermissionError(1, "Operation not permitted")
 

@@ -4,15 +4,18 @@ A tree is immutable once built; a change in the store builds a new one. Its node
 inode numbers are in fsd.nodes; the `llama.cpp/` directories it holds are made by
 fsd.compat_dirs.
 
-The short-name model directories are built at once (they are what `ls -lR MOUNT` walks); the
-model directories under `.by-name/` and `.by-digest/`, and `.blobs/`, are placed at once but
-filled on first use. Everything a listing of their parent shows (inode, mtime, link count, the
-link counts of the blobs inside) is known when they are placed, so filling one changes nothing
-that was shown; it only makes what is inside.
+A build reads no blob and makes no model directory's content: the short-name model
+directories are placed at once and filled on first use; `.by-name/`, `.by-digest/` and
+`.blobs/` are filled on first use, and so are the model directories in them. What a listing
+shows of a directory not filled yet (inode, mtime, link count, the link counts of the blobs
+inside) is settled when the build ends, or, for a model directory's own link count, which
+depends on whether its GGUF gets a `llama.cpp/` view, worked out when first asked; filling one
+changes nothing that was shown, it only makes what is inside.
 """
 
 from __future__ import annotations
 
+import errno
 import functools
 import gc
 import logging
@@ -21,6 +24,7 @@ import weakref
 from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 
+from modelfs.fsd import heap
 from modelfs.fsd.compat_dirs import CompatDirs
 from modelfs.fsd.nodes import (
     ROOT_INODE,
@@ -45,8 +49,20 @@ from modelfs.store.manifest import Manifest, clean_text
 from modelfs.store.names import Name
 from modelfs.store.scan import DEFAULT_PREFER, Entry, StoreIndex, Variant
 from modelfs.store.tools.files import ModelFile, model_files
-from modelfs.store.tools.toolviews import ToolModel, blob_tensor_names, layout_files, tool_models
-from modelfs.store.tools.views import MergedSafetensors, merge_safetensors, render_modelfile
+from modelfs.store.tools.toolviews import (
+    Deferred,
+    ToolFile,
+    ToolModel,
+    layout_files,
+    safetensors_index,
+    tool_models,
+)
+from modelfs.store.tools.views import (
+    MergedSafetensors,
+    Segment,
+    merge_safetensors,
+    render_modelfile,
+)
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +100,12 @@ class NameTree:
         thread, after the mount is ready): filling `llama.cpp/` in the request loop is then
         only placing nodes. Returns how many were made."""
         return self._build.make_views() if self._build is not None else 0
+
+    def save_decisions(self) -> None:
+        """Write the llama.cpp decisions made since the build (directories are filled and
+        their link counts asked after it): at the next build, and when the mount ends."""
+        if self._build is not None and self._build.builder.decisions is not None:
+            self._build.builder.decisions.save()
 
     def retain_inodes(self, live: Container[int]) -> None:
         """Let the inode table forget numbers not in `live` (see InodeTable.retain)."""
@@ -124,6 +146,8 @@ class TreeBuilder:
         self.decisions: Decisions | None = None
         # The tensor names of safetensors blobs, for the hub cache's index files.
         self.tensor_names: dict[Digest, tuple[list[str], int] | None] = {}
+        # ... and the hub cache's model.safetensors.index.json, by its shards' blobs.
+        self.indexes: dict[tuple[Digest, ...], bytes | None] = {}
 
     def build(self, index: StoreIndex) -> NameTree:
         # A build makes ~20 objects per model and keeps them all; the cyclic collector would
@@ -146,8 +170,9 @@ class TreeBuilder:
         for cache in (self.compat, self.mmproj, self.tensor_names):
             for digest in [d for d in cache if not index.has_blob(d)]:
                 del cache[digest]
-        for key in [k for k in self.merged if not all(index.has_blob(d) for d in k)]:
-            del self.merged[key]
+        for keyed in (self.merged, self.indexes):
+            for key in [k for k in keyed if not all(index.has_blob(d) for d in k)]:
+                del keyed[key]
 
 
 class _Build(CompatDirs):
@@ -177,7 +202,8 @@ class _Build(CompatDirs):
         self.merged_nodes: dict[tuple[Digest, ...], MergedNode] = {}
         self.merged_links: dict[tuple[Digest, ...], int] = {}
         self.compat_nodes: dict[tuple[Digest, str], CompatNode] = {}
-        self.compat_links: dict[tuple[Digest, str], int] = {}
+        self.gguf_places: dict[Digest, int] = {}
+        self.projector_places: dict[Digest, list[Digest]] = {}
         self.heavy: dict[tuple[Digest, ...], bool] = {}  # see _merge_is_heavy
         self.nodes: dict[int, Node] | None = {}  # while building; then None
         self.pending: dict[int, Node] = {}  # made lazily before the tree is attached
@@ -217,12 +243,19 @@ class _Build(CompatDirs):
         blobs = self._mkdirs(root, (".blobs",), root_mtime)
         blobs._fill = self._fill_blobs
 
+        # The model directories under .by-name/ and .by-digest/ are made when those are
+        # first looked into; what they will show is counted now (link counts, and their own:
+        # a name's four parts and a digest never run into another model's directory).
+        hidden: tuple[_Places, _Places] = ({}, {})
         for entry in index.sorted_entries():
             try:
-                self._add_entry(root, by_name, by_digest, entry)
+                self._add_entry(root, hidden, entry)
             except Exception:
                 # One model's oddity must not cost the user the whole view.
                 log.exception("%s: not shown", entry.name)
+        for places, holder in zip(hidden, (by_name, by_digest), strict=True):
+            holder._fill = functools.partial(self._fill_hidden, places)
+            holder._subdirs = len({rel[0] for rel in places})
         models = tool_models(index, self.prefer, lambda m: self._plan(m).files)
         for layout, top in TOOL_VIEWS:
             try:
@@ -323,7 +356,7 @@ class _Build(CompatDirs):
                 missing.append(f"missing blob {manifest.config.digest} (.ollama/config.json)")
             else:
                 config = self._blob(manifest.config.digest, manifest.config.media_type)
-        plan = ModelPlan(files, shown, missing, config, len(subdirs))
+        plan = ModelPlan(files, shown, missing, config, len(subdirs), _tensor_key(files))
         self.plans[manifest.digest] = plan
         return plan
 
@@ -357,12 +390,15 @@ class _Build(CompatDirs):
         show (one inode per blob: passthrough, leases and xattrs are theirs)."""
         base = self._mkdirs(root, top, mtime_ns)
         mtimes = {m.name.key: m.mtime_ns for m in models}
-        names = blob_tensor_names(self.index, self.builder.tensor_names)
-        for f in layout_files(layout, models, names):
+        indexes: list[tuple[DirNode, str, tuple[str, ...], ToolFile, int]] = []
+        for f in layout_files(layout, models, self._known_tensor_names):
             parts = f.path.split("/")
             when = mtimes[f.name.key]
             holder = self._mkdirs(base, parts[:-1], when)
             node: Node
+            if f.shards:
+                indexes.append((holder, parts[-1], (*top, *parts), f, when))
+                continue
             if f.source is None:
                 node = self._bytes((*top, *parts), f.data, when)
             else:
@@ -373,31 +409,101 @@ class _Build(CompatDirs):
                 if self.data != "symlink":
                     blob.links += 1
             holder._children[parts[-1]] = node
+        # An index whose shards' headers were not read yet is made when its directory is
+        # first looked into: read in a worker thread (`_index_of`), placed by the fill.
+        for holder, name, path, f, when in indexes:
+            holder._subdirs = sum(isinstance(c, DirNode) for c in holder._children.values())
+            holder._prepare = functools.partial(self._index_of, f.shards)
+            holder._fill = functools.partial(self._fill_index, name, path, f.shards, when)
+
+    def _known_tensor_names(self, f: ModelFile) -> tuple[list[str], int] | None:
+        """The tensor names of a blob read at an earlier build; Deferred for any other, so
+        that a build reads no header (one of 100 MB takes seconds and 500 MB)."""
+        known = self.builder.tensor_names
+        if f.layer.digest not in known:
+            raise Deferred
+        return known[f.layer.digest]
+
+    def _read_tensor_names(self, f: ModelFile) -> tuple[list[str], int] | None:
+        """A tensor blob's names, read; kept for the next builds when its header is small."""
+        digest = f.layer.digest
+        known = self.builder.tensor_names
+        if digest in known:
+            return known[digest]
+        read = None
+        try:
+            header = read_safetensors_header_path(self.index.layout.blob(digest))
+            read = ([t.name for t in header.tensors], header.data_size)
+            small = header.header_len <= EAGER_HEADER_BYTES
+        except (OSError, StoreError):
+            small = True
+        if small:
+            known[digest] = read
+        return read
+
+    def _index_of(self, shards: tuple[tuple[str, ModelFile], ...]) -> bytes | None:
+        """The index of these shards, made once per mount however many ask at once."""
+        key = tuple(f.layer.digest for _, f in shards)
+        with self.builder.merge_locks.setdefault(key, threading.Lock()):
+            if key not in self.builder.indexes:
+                data = safetensors_index(shards, self._read_tensor_names)
+                self.builder.indexes[key] = data
+                heap.trim()  # a big header's names are let go
+        return self.builder.indexes[key]
+
+    def _fill_index(
+        self,
+        name: str,
+        path: tuple[str, ...],
+        shards: tuple[tuple[str, ModelFile], ...],
+        mtime_ns: int,
+        holder: DirNode,
+    ) -> None:
+        data = self._index_of(shards)
+        if data is None:
+            log.warning("%s: not shown: a shard's header cannot be read", "/".join(path))
+            return
+        holder._children[name] = self._bytes(path, data, mtime_ns)
 
     # -- model directories ---------------------------------------------------------------
-    def _add_entry(self, root: DirNode, by_name: DirNode, by_digest: DirNode, entry: Entry) -> None:
+    def _add_entry(self, root: DirNode, hidden: tuple[_Places, _Places], entry: Entry) -> None:
+        by_name, by_digest = hidden
         name = entry.name
         canonical = name.legacy_parts()
         preferred = entry.preferred(self.prefer)
         if preferred is not None:
-            self._place(by_name, canonical, entry, preferred, lazy=True)
+            self._defer(by_name, canonical, entry, preferred)
             self._place(root, short_path(name), entry, preferred)
-            self._place(by_digest, (entry.digest.hex,), entry, preferred, lazy=True)
+            self._defer(by_digest, (entry.digest.hex,), entry, preferred)
         for v in entry.variants:
             if v.from_list and v.runner:
                 parts = short_path(name)
                 self._place(root, (*parts[:-1], f"{parts[-1]}@{v.runner}"), entry, v)
-                self._place(
-                    by_name,
-                    (*canonical[:-1], f"{canonical[-1]}@{v.runner}"),
-                    entry,
-                    v,
-                    lazy=True,
-                )
-            self._place(by_digest, (v.manifest.digest.hex,), entry, v, lazy=True)
+                self._defer(by_name, (*canonical[:-1], f"{canonical[-1]}@{v.runner}"), entry, v)
+            self._defer(by_digest, (v.manifest.digest.hex,), entry, v)
+
+    def _defer(self, places: _Places, rel: tuple[str, ...], entry: Entry, v: Variant) -> None:
+        """A model directory to place when its top (.by-name/, .by-digest/) is filled; its
+        links counted now. First come wins, as in `_place`."""
+        if rel not in places:
+            places[rel] = (entry, v)
+            self._count_place(self._plan(v.manifest), v)
+
+    def _fill_hidden(self, places: _Places, top: DirNode) -> None:
+        for rel, (entry, v) in places.items():
+            try:
+                self._place(top, rel, entry, v, counted=True)
+            except Exception:
+                log.exception("%s: not shown", entry.name)
 
     def _place(
-        self, parent: DirNode, rel: tuple[str, ...], entry: Entry, v: Variant, lazy: bool = False
+        self,
+        parent: DirNode,
+        rel: tuple[str, ...],
+        entry: Entry,
+        v: Variant,
+        *,
+        counted: bool = False,
     ) -> None:
         try:
             holder = self._mkdirs(parent, rel[:-1], entry.modified_ns)
@@ -418,26 +524,29 @@ class _Build(CompatDirs):
         }
         d = self._dir((*holder.path, rel[-1]), entry.modified_ns, xattrs)
         d.is_model = True
-        tensors = _tensor_key(plan.files)
-        heavy = self._merge_is_heavy(tensors)
-        if lazy or heavy:
-            d._fill = functools.partial(self._fill_lazy, entry, v)
-            d._subdirs = plan.subdirs + (1 if self._shows_compat(plan, v) else 0)
-            if heavy:
-                d._prepare = functools.partial(self._prepare_merged, plan.files)
-        else:
-            self._fill_model(entry, v, d)
+        tensors = plan.tensors
+        # Filled on first use; nothing here reads a blob. Several tensor blobs are merged
+        # first, in a worker thread when their headers are big (`_prepare_merged`); one needs
+        # no merge (a big one is checked at its first open instead).
+        d._fill = functools.partial(self._fill_lazy, entry, v)
+        d._count_subdirs = functools.partial(self._subdirs_of, plan, v)
+        if len(tensors) > 1 and tensors not in self.merged:
+            d._prepare = functools.partial(self._prepare_merged, plan.files)
         holder._children[rel[-1]] = d
-        # Link counts are settled here, filled or not, so no listing ever sees one move.
+        if not counted:
+            self._count_place(plan, v)
+
+    def _count_place(self, plan: ModelPlan, v: Variant) -> None:
+        """Count a model directory in the link counts of what it shows. All are counted by the
+        end of the build, filled or not, so no listing ever sees one move."""
         if self.data != "symlink":
             for _, blob in plan.shown:
                 blob.links += 1
         if plan.config is not None:
             plan.config.links += 1
-        if tensors:
-            self.merged_links[tensors] = self.merged_links.get(tensors, 0) + 1
-        for key in self._compat_shape(plan, v)[0]:
-            self.compat_links[key] = self.compat_links.get(key, 0) + 1
+        if plan.tensors:
+            self.merged_links[plan.tensors] = self.merged_links.get(plan.tensors, 0) + 1
+        self.count_compat_place(plan, v)
 
     def _fill_lazy(self, entry: Entry, v: Variant, d: DirNode) -> None:
         try:
@@ -465,11 +574,14 @@ class _Build(CompatDirs):
             status += self._add_compat(d, plan, v, mtime)
         safetensors = any(f.layer.kind == "tensor" for f in files)
         if safetensors:
-            merged = self._merged_view(files)
+            key = _tensor_key(files)
+            unread = self._unread_single(key)
+            merged = unread or self._merged_view(files)
             if isinstance(merged, MergedSafetensors):
-                d._children["model.safetensors"] = self._merged_node(
-                    _tensor_key(files), merged, mtime
-                )
+                node = self._merged_node(key, merged, mtime)
+                if unread is not None and node.check is None:
+                    node.check = functools.partial(self._check_single, key)
+                d._children["model.safetensors"] = node
             elif merged:
                 status.append(f"model.safetensors not shown: {merged}")
         d._children["Modelfile"] = self._bytes(
@@ -540,8 +652,44 @@ class _Build(CompatDirs):
             heavy = self.heavy[key] = total > EAGER_HEADER_BYTES
         return heavy
 
+    def _unread_single(self, key: tuple[Digest, ...]) -> MergedSafetensors | None:
+        """The `model.safetensors` of one tensor blob whose header is too big to read now: the
+        blob as it is, at its size (what its merge is when the header is sound), not read
+        until `_check_single` runs at the first open. None for anything else."""
+        if len(key) != 1 or not self._merge_is_heavy(key):
+            return None
+        info = self.index.blob_info(key[0])
+        if info is None:
+            return None
+        path = self.index.layout.blob(key[0])
+        return MergedSafetensors(
+            b"", (Segment(0, path, 0, info.size),) if info.size else (), info.size
+        )
+
+    def _check_single(self, key: tuple[Digest, ...]) -> None:
+        """Check the header of an unread single tensor blob (see `_unread_single`), once per
+        mount however many opens ask at once; OSError(EIO) saying what is wrong with it."""
+        with self.builder.merge_locks.setdefault(key, threading.Lock()):
+            result = self.merged.get(key)
+            if result is None:
+                path = self.index.layout.blob(key[0])
+                try:
+                    # Parsed to be checked, then let go: the file is served as it is.
+                    result = merge_safetensors([(path, read_safetensors_header_path(path))])
+                except (OSError, StoreError) as exc:
+                    result = str(exc)
+                self.merged[key] = result
+                heap.trim()  # the parse held a few hundred MB, all freed now
+        if isinstance(result, str):
+            raise OSError(errno.EIO, f"model.safetensors not served: {result}")
+
+    def _subdirs_of(self, plan: ModelPlan, v: Variant) -> int:
+        return plan.subdirs + (1 if self._shows_compat(plan, v) else 0)
+
     def _prepare_merged(self, files: list[ModelFile]) -> None:
         key = _tensor_key(files)
+        if not self._merge_is_heavy(key):
+            return  # made when the directory is filled: a small header is read at once
         with self.builder.merge_locks.setdefault(key, threading.Lock()):
             self._merged_view(files)
 
@@ -585,6 +733,10 @@ class _Build(CompatDirs):
 def _tensor_key(files: list[ModelFile]) -> tuple[Digest, ...]:
     """The tensor blobs of a model, in order: what its `model.safetensors` is made of."""
     return tuple(f.layer.digest for f in files if f.layer.kind == "tensor")
+
+
+# Model directories to place under one top, by their path below it.
+_Places = dict[tuple[str, ...], tuple[Entry, Variant]]
 
 
 class _Clash(Exception):

@@ -41,7 +41,15 @@ class CompatDirs:
     compat: dict[Digest, CompatViews | str | None]
     mmproj: dict[Digest, GGUFView | str | None]
     compat_nodes: dict[tuple[Digest, str], CompatNode]
-    compat_links: dict[tuple[Digest, str], int]
+    # The model directories placed that may show `llama.cpp/`: how many hold each GGUF blob as
+    # model.gguf, and the model.gguf beside each projector blob (mmproj.gguf), so that a view's
+    # link count is worked out when it is made, without deciding anything at build time.
+    gguf_places: dict[Digest, int]
+    projector_places: dict[Digest, list[Digest]]
+    # A blob that gets no view for an error is a warning the first time in a tree, and told
+    # at debug level after that (`ls -lR` over a store of 3,000 GGUF files of a version
+    # llama.cpp cannot read would log 3,000 warnings).
+    view_error_told = False
 
     if TYPE_CHECKING:
 
@@ -73,8 +81,8 @@ class CompatDirs:
             try:
                 result = make(path, digest.hex)
             except (OSError, StoreError, ValueError) as exc:
-                log.warning("%s: no llama.cpp view: %s", digest, exc)
                 result = str(exc)
+                self._tell_view_error(digest, result)
         cache[digest] = result
         return result
 
@@ -127,6 +135,13 @@ class CompatDirs:
         decisions.put(kind, digest, value)
         return value
 
+    def _tell_view_error(self, digest: Digest, why: str) -> None:
+        if not self.view_error_told:
+            self.view_error_told = True
+            log.warning("%s: no llama.cpp view: %s (any others: -v)", digest, why)
+        else:
+            log.debug("%s: no llama.cpp view: %s", digest, why)
+
     def make_views(self) -> int:
         decisions = self.builder.decisions
         made = 0
@@ -167,6 +182,45 @@ class CompatDirs:
                 files.append((projector.layer.digest, "mmproj"))
         return files, problems
 
+    def count_compat_place(self, plan: ModelPlan, v: Variant) -> None:
+        """Count a model directory placed (see `gguf_places`); what earlier mounts decided
+        of its blobs is marked as still met, so that it is kept and its views made ahead."""
+        if v.runner in COMPATIBLE_RUNNERS:
+            return
+        model = projector = None
+        for f, _ in plan.shown:
+            if f.path == "model.gguf":
+                model = f.layer.digest
+            elif f.path == "mmproj.gguf":
+                projector = f.layer.digest
+        if model is None:
+            return
+        decisions = self.builder.decisions
+        first = model not in self.gguf_places
+        self.gguf_places[model] = self.gguf_places.get(model, 0) + 1
+        if first and decisions is not None:
+            decisions.get("model", model)
+        if projector is not None:
+            beside = self.projector_places.setdefault(projector, [])
+            if not beside and decisions is not None:
+                decisions.get("mmproj", projector)
+            beside.append(model)
+
+    def _compat_links(self, digest: Digest, kind: str) -> int:
+        """How many places show the view (digest, kind): as `_compat_shape` would place it in
+        every directory counted by `count_compat_place`."""
+        links = 0
+        if kind == "model" or self._decision("model", digest) == "model+mmproj":
+            links += self.gguf_places.get(digest, 0)
+        if (
+            kind == "mmproj"
+            and digest in self.projector_places
+            and self._decision("mmproj", digest) == "view"
+        ):
+            beside = self.projector_places.get(digest, ())
+            links += sum(self._decision("model", m) != "model+mmproj" for m in beside)
+        return max(links, 1)
+
     def _shows_compat(self, plan: ModelPlan, v: Variant) -> bool:
         """Will the model directory hold `llama.cpp/`? (Its link count says so before it is
         filled.)"""
@@ -201,7 +255,7 @@ class CompatDirs:
                         "user.modelfs.compat.source": str(digest).encode(),
                         "user.modelfs.compat.handler": view.handler.encode(),
                     },
-                    links=self.compat_links.get(key, 1),
+                    links=self._compat_links(digest, view.kind),
                     digest=digest,
                     path=view.source,
                     view=view,

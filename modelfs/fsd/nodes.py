@@ -70,13 +70,15 @@ class DirNode(Node):
     path: tuple[str, ...] = ()
     is_model: bool = False
     # A lazy directory has `_fill` set until first use, and `_subdirs` says what its link
-    # count will be; `children` fills it.
+    # count will be (or `_count_subdirs` works it out when first asked: a model directory's
+    # `llama.cpp/` depends on its GGUF's header); `children` fills it.
     _children: dict[str, Node] = field(default_factory=dict, repr=False)
     _fill: Callable[[DirNode], None] | None = field(default=None, repr=False)
     _subdirs: int = 0
+    _count_subdirs: Callable[[], int] | None = field(default=None, repr=False)
     # Slow work the fill needs (a merged header of a huge safetensors blob), to be run in a
     # worker thread before the first look inside, so the request loop never waits for it.
-    _prepare: Callable[[], None] | None = field(default=None, repr=False)
+    _prepare: Callable[[], object] | None = field(default=None, repr=False)
     mode = stat.S_IFDIR | 0o555
 
     @property
@@ -109,8 +111,17 @@ class DirNode(Node):
             self._prepare = None
 
     @property
+    def nlink_pending(self) -> bool:
+        """True while its link count is still to be worked out (which may read a blob)."""
+        return self._fill is not None and self._count_subdirs is not None
+
+    @property
     def nlink(self) -> int:
         if self._fill is not None:
+            count = self._count_subdirs
+            if count is not None:
+                self._subdirs = count()
+                self._count_subdirs = None
             return 2 + self._subdirs
         return 2 + sum(isinstance(c, DirNode) for c in self._children.values())
 
@@ -148,9 +159,16 @@ class BytesNode(Node):
 
 @dataclass(eq=False)
 class MergedNode(Node):
-    """`model.safetensors`: a merged header, data read from many blobs."""
+    """`model.safetensors`: a merged header, data read from many blobs.
+
+    A single tensor blob is its own merge, served as it is; when its header is big (a million
+    tensors, 100 MB), it is shown unread, at the blob's size, and checked at the first open
+    (`check`, run in a worker thread), so neither the mount's start nor a listing reads it.
+    """
 
     merged: MergedSafetensors | None = None
+    # Raises OSError(EIO) naming what is wrong; every open runs it (the outcome is cached).
+    check: Callable[[], None] | None = field(default=None, repr=False)
 
     @property
     def size(self) -> int:

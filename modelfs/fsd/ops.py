@@ -160,6 +160,14 @@ async def _prepared(node: DirNode) -> None:
         await trio.to_thread.run_sync(node.prepare)
 
 
+async def _counted(nodes: Sequence[Node]) -> None:
+    """Work out the link counts of model directories not filled yet in a worker thread: one
+    may read its GGUF's header (whether it gets a `llama.cpp/` view)."""
+    pending = [n for n in nodes if isinstance(n, DirNode) and n.nlink_pending]
+    if pending:
+        await trio.to_thread.run_sync(lambda: [n.nlink for n in pending])
+
+
 def _blobs_read(node: Node) -> tuple[Digest, ...]:
     """The blobs a file's reads come from."""
     if isinstance(node, BlobNode):
@@ -320,6 +328,7 @@ class ModelOperations(pyfuse3.Operations):
         child = parent.children.get(text)
         if child is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
+        await _counted((child,))
         immutable = bool(parent.path) and parent.path[0] in IMMUTABLE_DIRS
         attrs = self._attrs(child, ATTR_TIMEOUT if immutable else NAME_TIMEOUT)
         self._handed_out(child.inode)
@@ -365,10 +374,9 @@ class ModelOperations(pyfuse3.Operations):
         # `..` is the directory it was looked up from; the kernel asks for no other's listing.
         parent = self.nodes.get(self._parents.get(inode, ROOT_INODE), node)
         # A listing is a snapshot, so a tree swap mid-listing cannot skip or repeat names.
-        self._dir_handles[fh] = (
-            node,
-            [(".", node), ("..", parent), *sorted(node.children.items())],
-        )
+        entries = sorted(node.children.items())
+        await _counted([child for _, child in entries])
+        self._dir_handles[fh] = (node, [(".", node), ("..", parent), *entries])
         return fh
 
     @_guarded
@@ -446,6 +454,8 @@ class ModelOperations(pyfuse3.Operations):
         elif isinstance(node, CompatNode):
             handle.fd = self._open_blob(node.path, None)
         elif isinstance(node, MergedNode):
+            if node.check is not None:
+                node.check()
             assert node.merged is not None
             for seg in node.merged.segments:
                 if seg.path not in handle.fds:

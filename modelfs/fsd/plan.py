@@ -11,6 +11,7 @@ from typing import Protocol
 from modelfs.fsd.nodes import BlobNode
 from modelfs.store.compat import ComputeCache
 from modelfs.store.compat.decisions import Decisions
+from modelfs.store.digest import Digest
 from modelfs.store.tools.files import ModelFile
 
 
@@ -23,6 +24,7 @@ class ModelPlan:
     missing: list[str]  # status lines
     config: BlobNode | None
     subdirs: int
+    tensors: tuple[Digest, ...]  # the tensor blobs its `model.safetensors` is made of
 
 
 class BuilderState(Protocol):

@@ -57,6 +57,9 @@ class ToolFile:
     name: Name  # the model it belongs to
     source: ModelFile | None = None
     data: bytes = b""
+    # An index whose shards' headers were not read (`Deferred`): `data` is empty, and
+    # `safetensors_index(shards, ...)` makes it when it is asked for.
+    shards: tuple[tuple[str, ModelFile], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +228,15 @@ def hf_revision(digest: Digest) -> str:
 TensorNames = Callable[[ModelFile], tuple[list[str], int] | None]
 
 
+class Deferred(Exception):
+    """Raised by a TensorNames that will not read a header now (a mount start, a header of
+    100 MB): the index of those shards is made later by `safetensors_index`."""
+
+
+# (path, the blob-backed file it shows, or its bytes, or the shards of an index to make later)
+_Snapshot = tuple[str, ModelFile | None, bytes, tuple[tuple[str, ModelFile], ...]]
+
+
 def hf_layout(models: Sequence[ToolModel], tensor_names: TensorNames) -> list[ToolFile]:
     """The Hugging Face hub cache: `models--<org>--<repo>/` (the names of
     `publisher_and_repo`) for every tag pulled from hf.co and every safetensors model.
@@ -254,8 +266,8 @@ def hf_layout(models: Sequence[ToolModel], tensor_names: TensorNames) -> list[To
             rev = hf_revision(m.digest)
             refs[m.name.tag] = rev
             base = f"{folder}/snapshots/{rev}"
-            for path, source, data in _snapshot_files(m, tensor_names):
-                out.append(ToolFile(f"{base}/{path}", m.name, source, data))
+            for path, source, data, shards in _snapshot_files(m, tensor_names):
+                out.append(ToolFile(f"{base}/{path}", m.name, source, data, shards))
         main = next((t for t in tags if t.name.tag == HF_MAIN), None)
         main = main or next((t for t in tags if t.name.tag.lower() == DEFAULT_TAG), None)
         main = main or max(tags, key=lambda t: (t.mtime_ns, t.name.tag))
@@ -268,16 +280,19 @@ def hf_layout(models: Sequence[ToolModel], tensor_names: TensorNames) -> list[To
     return out
 
 
-def _snapshot_files(
-    m: ToolModel, tensor_names: TensorNames
-) -> list[tuple[str, ModelFile | None, bytes]]:
-    files_out: list[tuple[str, ModelFile | None, bytes]] = []
+def _snapshot_files(m: ToolModel, tensor_names: TensorNames) -> list[_Snapshot]:
+    files_out: list[_Snapshot] = []
     names: set[str] = set()
 
-    def add(path: str, source: ModelFile | None, data: bytes = b"") -> None:
+    def add(
+        path: str,
+        source: ModelFile | None,
+        data: bytes = b"",
+        shards: tuple[tuple[str, ModelFile], ...] = (),
+    ) -> None:
         if path.casefold() not in names:
             names.add(path.casefold())
-            files_out.append((path, source, data))
+            files_out.append((path, source, data, shards))
 
     gguf_done = tensors_done = False
     for v in m.variants:
@@ -293,35 +308,45 @@ def _snapshot_files(
             tensors_done = True
             for f in v.of("json"):
                 add(f.path, f)
-            for path, source, data in _safetensors_files(tensors, tensor_names):
-                add(path, source, data)
+            for path, source, data, shards in _safetensors_files(tensors, tensor_names):
+                add(path, source, data, shards)
     return files_out
 
 
-def _safetensors_files(
-    tensors: Sequence[ModelFile], tensor_names: TensorNames
-) -> list[tuple[str, ModelFile | None, bytes]]:
+def _safetensors_files(tensors: Sequence[ModelFile], tensor_names: TensorNames) -> list[_Snapshot]:
     """Tensor blobs as transformers' sharded checkpoint (modeling_utils reads
     `model.safetensors.index.json`'s `weight_map`, tensor name → shard file)."""
     if len(tensors) == 1:
-        return [("model.safetensors", tensors[0], b"")]
+        return [("model.safetensors", tensors[0], b"", ())]
     n = len(tensors)
-    out: list[tuple[str, ModelFile | None, bytes]] = []
+    shards = tuple((f"model-{i:05d}-of-{n:05d}.safetensors", f) for i, f in enumerate(tensors, 1))
+    index = "model.safetensors.index.json"
+    try:
+        data = safetensors_index(shards, tensor_names)
+    except Deferred:
+        return [*((shard, f, b"", ()) for shard, f in shards), (index, None, b"", shards)]
+    if data is None:
+        return []  # an index naming a shard it cannot describe would fail the load
+    return [*((shard, f, b"", ()) for shard, f in shards), (index, None, data, ())]
+
+
+def safetensors_index(
+    shards: Sequence[tuple[str, ModelFile]], tensor_names: TensorNames
+) -> bytes | None:
+    """`model.safetensors.index.json` of these shards (file name, tensor blob); None when a
+    shard's header cannot be read. `Deferred` from `tensor_names` goes through."""
     weight_map: dict[str, str] = {}
     total = 0
-    for i, f in enumerate(tensors, 1):
-        shard = f"model-{i:05d}-of-{n:05d}.safetensors"
+    for shard, f in shards:
         read = tensor_names(f)
         if read is None:
-            return []  # an index naming a shard it cannot describe would fail the load
+            return None
         names, size = read
         total += size
         for t in names:
             weight_map.setdefault(t, shard)
-        out.append((shard, f, b""))
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-    out.append(("model.safetensors.index.json", None, json.dumps(index, indent=2).encode() + b"\n"))
-    return out
+    return json.dumps(index, indent=2).encode() + b"\n"
 
 
 def layout_files(
