@@ -1,19 +1,23 @@
 """Checking blobs against their names: hashing, the verify cache, quarantine (README,
-"Checking the store").
+"Checking the store"; docs/gc.md says what --quick can and cannot catch).
 
-    check_blob(path, cached, quick=...) -> BlobCheck      one blob, in one pass over its bytes
+    check_blob(path, cached, quick=...) -> BlobCheck      one blob, by the same rules as a batch
+    check_batch(dir_fd, names, root, ...) -> Batch         many blobs, few Python objects each
     VerifyCache.load(layout) / .save()                     `<store>/.modelfs/verify/cache.json`
     quarantine_blob(layout, name, key) -> Path             out of `blobs/`, by rename
 
-A full check reads a blob once and feeds every chunk to sha256 and to xxh3-128; the xxh3 is
-recorded in the cache under the blob's name with the file's inode, size and mtime. A quick
-check of a blob whose (inode, size, mtime) still match its cache entry computes xxh3 alone
-(tens of GB/s against sha256's one or two) and compares it with the recorded one; a mismatch
-is confirmed with sha256 before the blob is called corrupt. So a blob zeroed in place, even with
-its mtime put back, is caught by a quick check: every byte is still read.
+A full check reads a blob once and hashes it with sha256. One that matches its name is recorded
+in the cache with its stat stamp (inode, size, mtime, ctime, all in ns) and, for a blob of
+SAMPLE_FROM bytes or more, the xxh3-128 of a sample of it (SAMPLE_PIECES pieces spread from
+its start to its end, together at most a 16th of it). A quick check trusts a blob whose stamp
+still matches its cache entry, after comparing the xxh3 of the same sample for a large one;
+any other blob gets a full check. The stamp holds ctime, which no program can set back: a
+blob written in place through the filesystem, even with its mtime put back, no longer matches.
+What a quick check cannot see is damage that does not go through the filesystem's write path
+(a disk or a network server returning other bytes) outside the sample: a full check reads all.
 
-Everything here is synchronous and thread-safe per call: `sync.verify` runs one `check_blob`
-per worker thread (hashlib and xxhash release the GIL while they hash).
+Everything here is synchronous and holds no global state but a per-thread buffer:
+`store.collect.workers` runs `check_batch` in worker processes, one per core.
 """
 
 from __future__ import annotations
@@ -23,11 +27,13 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import xxhash
 
@@ -39,11 +45,21 @@ from modelfs.store.layout import Layout
 log = logging.getLogger(__name__)
 
 # Small enough that the buffer a read fills stays in a core's L2 cache (1 MiB here) while
-# the hashes read it back: an xxh3 pass is as fast as the copy out of the page cache, and a
-# 4 MiB buffer spilling to L3 made --quick 10 % slower; big enough that the ~1 us of each
-# read call is lost in its ~30 us of copying.
+# the hash reads it back; big enough that the ~1 us of each read call is lost in its ~30 us
+# of copying.
 CHUNK = 256 << 10
-CACHE_VERSION = 1
+CACHE_VERSION = 2
+# --quick reads a sample of blobs this large or larger (a smaller one costs an open and a
+# read whatever is sampled of it, as much as its full check: its stamp alone is compared).
+SAMPLE_FROM = 1 << 20
+SAMPLE_PIECES = 16
+SAMPLE_PIECE = 64 << 10  # at most; and at most 1/256 of the blob, so a sample is <= 1/16 of it
+
+Stamp = tuple[int, int, int, int]  # st_ino, st_size, st_mtime_ns, st_ctime_ns
+
+
+def stamp_of(st: os.stat_result) -> Stamp:
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 class Interrupted(Exception):
@@ -52,7 +68,8 @@ class Interrupted(Exception):
 
 @dataclass(frozen=True, slots=True)
 class FileKey:
-    """What must not change for a cached xxh3 to still describe the file."""
+    """What must not change for a checked blob to still be the file that was checked (the
+    quarantine's guard against moving a good copy put in its place)."""
 
     ino: int
     size: int
@@ -63,18 +80,21 @@ class FileKey:
         return cls(st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-@dataclass(frozen=True, slots=True)
-class CacheEntry:
-    key: FileKey
-    xxh3: str  # hex of xxh3-128 over the whole file, taken with a sha256 that matched its name
+class CacheEntry(NamedTuple):
+    """A blob that passed a full check: a tuple, as a store has tens of thousands of them."""
+
+    stamp: Stamp
+    sample: str | None  # hex xxh3-128 of sample_pieces(size); None below SAMPLE_FROM
     verified_at: float  # Unix time of that full check
 
     def as_json(self) -> dict[str, object]:
+        ino, size, mtime_ns, ctime_ns = self.stamp
         return {
-            "ino": self.key.ino,
-            "size": self.key.size,
-            "mtime_ns": self.key.mtime_ns,
-            "xxh3": self.xxh3,
+            "ino": ino,
+            "size": size,
+            "mtime_ns": mtime_ns,
+            "ctime_ns": ctime_ns,
+            "sample": self.sample,
             "verified_at": self.verified_at,
         }
 
@@ -82,50 +102,77 @@ class CacheEntry:
     def from_json(cls, obj: object) -> CacheEntry:
         if not isinstance(obj, dict):
             raise ValueError("entry is not an object")
-        ino, size, mtime_ns = obj["ino"], obj["size"], obj["mtime_ns"]
-        xxh3, verified_at = obj["xxh3"], obj["verified_at"]
-        if not all(type(v) is int for v in (ino, size, mtime_ns)):
-            raise ValueError("ino, size and mtime_ns must be integers")
-        if not isinstance(xxh3, str) or len(xxh3) != 32:
-            raise ValueError("xxh3 must be 32 hex digits")
-        int(xxh3, 16)
-        if not isinstance(verified_at, int | float):
+        ino, size, mtime_ns, ctime_ns = obj["ino"], obj["size"], obj["mtime_ns"], obj["ctime_ns"]
+        sample, verified_at = obj["sample"], obj["verified_at"]
+        if not (type(ino) is type(size) is type(mtime_ns) is type(ctime_ns) is int):
+            raise ValueError("ino, size, mtime_ns and ctime_ns must be integers")
+        if sample is not None and (not isinstance(sample, str) or len(sample) != 32):
+            raise ValueError("sample must be 32 hex digits or null")
+        if (sample is None) != (size < SAMPLE_FROM):
+            raise ValueError(f"sample must be given exactly for blobs of {SAMPLE_FROM} bytes on")
+        if sample is not None:
+            int(sample, 16)
+        if type(verified_at) not in (int, float):
             raise ValueError("verified_at must be a number")
-        return cls(FileKey(ino, size, mtime_ns), xxh3, float(verified_at))
+        return cls((ino, size, mtime_ns, ctime_ns), sample, float(verified_at))
 
 
 # -- hashing ---------------------------------------------------------------------------------
+def sample_pieces(size: int) -> list[tuple[int, int]]:
+    """(offset, length) of what --quick reads of a blob of `size` bytes: nothing below
+    SAMPLE_FROM, else SAMPLE_PIECES pieces, the first at 0, the last ending at the end."""
+    if size < SAMPLE_FROM:
+        return []
+    piece = min(SAMPLE_PIECE, size // 256)
+    step = (size - piece) // (SAMPLE_PIECES - 1)
+    return [(i * step, piece) for i in range(SAMPLE_PIECES - 1)] + [(size - piece, piece)]
+
+
+def sample_hash(fd: int, size: int) -> str | None:
+    """xxh3-128 of the sample of a blob of `size` bytes; None if it is shorter than that."""
+    xxh = xxhash.xxh3_128()
+    view = memoryview(_buffer(CHUNK))
+    try:
+        for offset, length in sample_pieces(size):
+            n = os.preadv(fd, [view[:length]], offset)
+            if n != length:
+                return None
+            xxh.update(view[:n])
+    finally:
+        view.release()
+    return xxh.hexdigest()
+
+
 @dataclass(slots=True)
 class Hashes:
-    sha256: str | None  # hex; None when only xxh3 was asked for
-    xxh3: str
+    sha256: str
     size: int  # bytes read
 
 
-def hash_fd(
-    fd: int, *, sha256: bool, chunk: int = CHUNK, stop: Callable[[], bool] | None = None
-) -> Hashes:
-    """xxh3-128, and sha256 when asked, of everything `fd` holds from offset 0, in one pass."""
-    sha = hashlib.sha256() if sha256 else None
-    xxh = xxhash.xxh3_128()
-    view = memoryview(_buffer(chunk))
+def hash_fd(fd: int, *, size_hint: int = -1, stop: Callable[[], bool] | None = None) -> Hashes:
+    """sha256 of everything `fd` holds from offset 0. `size_hint`: the size fstat gave; a
+    first read that returns that many bytes and less than a chunk ends the pass (the caller's
+    second fstat says whether the file grew meanwhile), which spares a small blob a read."""
+    sha = hashlib.sha256()
+    view = memoryview(_buffer(CHUNK))
     buffers = [view]
     pos = 0
     try:
         while n := os.preadv(fd, buffers, pos):
             # A large blob is thousands of chunks: no slice of the buffer for a full one.
-            piece = view if n == chunk else view[:n]
-            if sha is not None:
-                sha.update(piece)
-            xxh.update(piece)
-            if piece is not view:
-                piece.release()
+            if n == CHUNK:
+                sha.update(view)
+            else:
+                with view[:n] as piece:
+                    sha.update(piece)
             pos += n
+            if pos == size_hint and n < CHUNK:
+                break
             if stop is not None and stop():
                 raise Interrupted()
     finally:
         view.release()
-    return Hashes(sha.hexdigest() if sha is not None else None, xxh.hexdigest(), pos)
+    return Hashes(sha.hexdigest(), pos)
 
 
 _local = threading.local()
@@ -146,6 +193,7 @@ class BlobCheck:
 
     status: `ok`; `corrupt` (its sha256 is not its name); `unreadable` (open or read failed:
     EIO, EACCES, …); `changed` (replaced or modified while it was read: not judged).
+    A batch makes one only for a blob that is not `ok`, or on request (`check_blob`).
     """
 
     name: str
@@ -162,6 +210,112 @@ class BlobCheck:
     quarantine_error: str | None = None
 
 
+@dataclass(slots=True)
+class Batch:
+    """What checking a list of blobs found: per blob that passed, its new or kept cache entry
+    (`entries`, by position in the list given: None for the others, which are in `problems`)."""
+
+    entries: list[CacheEntry | None] = field(default_factory=list)
+    problems: list[BlobCheck] = field(default_factory=list)
+    bytes: int = 0
+    bytes_read: int = 0
+    sha256: int = 0
+    xxh3_only: int = 0
+
+
+def check_batch(
+    dir_fd: int | None,
+    names: list[str],
+    root: str,
+    cached: list[CacheEntry | None] | None = None,
+    *,
+    stop: Callable[[], bool] | None = None,
+    now: Callable[[], float] = time.time,
+) -> Batch:
+    """Check `names` in blobs/ (open as `dir_fd`; by path under `root` when None): a full
+    check of each, except a blob given a cache entry (`cached`, by position) whose stamp
+    still matches, which gets the quick check. A corrupt blob goes to quarantine at once.
+    Never raises for a blob that cannot be read; raises Interrupted when `stop()` says so."""
+    out = Batch()
+    verified_at = now()
+    blobs_dir = f"{root}/blobs"
+    for i, name in enumerate(names):
+        if stop is not None and stop():
+            raise Interrupted()
+        path = name if dir_fd is not None else f"{blobs_dir}/{name}"
+        try:
+            fd, st = open_stat(path, follow=False, dir_fd=dir_fd)
+        except OSError as exc:
+            out.entries.append(None)
+            out.problems.append(BlobCheck(name, "unreadable", 0, error=_why(exc)))
+            continue
+        try:
+            entry, problem = _check_open(
+                fd, st, name, path, dir_fd, cached[i] if cached else None, verified_at, out, stop
+            )
+        finally:
+            os.close(fd)
+        out.entries.append(entry)
+        if problem is not None:
+            if problem.status == "corrupt":
+                _quarantine(Layout(Path(root)), problem)
+            out.problems.append(problem)
+    return out
+
+
+def _check_open(
+    fd: int,
+    st: os.stat_result,
+    name: str,
+    path: str | os.PathLike[str],
+    dir_fd: int | None,
+    cached: CacheEntry | None,
+    verified_at: float,
+    out: Batch,
+    stop: Callable[[], bool] | None,
+) -> tuple[CacheEntry | None, BlobCheck | None]:
+    """One open blob: its cache entry when it passed, or what is wrong with it."""
+    size = st.st_size
+    out.bytes += size
+    stamp = stamp_of(st)
+    try:
+        if size > CHUNK:
+            with contextlib.suppress(OSError):
+                # One sequential pass: a larger readahead window. A blob read in one chunk
+                # has no use for it, and a store has thousands.
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        if cached is not None and cached.stamp == stamp:
+            if cached.sample is None:
+                out.xxh3_only += 1
+                return cached, None
+            out.bytes_read += sum(n for _, n in sample_pieces(size))
+            if sample_hash(fd, size) == cached.sample and stamp_of(os.fstat(fd)) == stamp:
+                out.xxh3_only += 1
+                return cached, None
+            log.info("%s: its sample differs from the last full check; hashing it all", name)
+        hashes = hash_fd(fd, size_hint=size, stop=stop)
+        out.bytes_read += hashes.size
+        out.sha256 += 1
+        sample = sample_hash(fd, size) if size >= SAMPLE_FROM else None
+        after = os.fstat(fd)
+    except OSError as exc:
+        return None, BlobCheck(name, "unreadable", size, error=_why(exc))
+    if stamp_of(after) != stamp or hashes.size != size:
+        return None, BlobCheck(name, "changed", size, key=FileKey.of(st))
+    if hashes.sha256 == name[7:]:
+        return CacheEntry(stamp, sample, verified_at), None
+    check = BlobCheck(name, "corrupt", size, key=FileKey.of(st), actual=hashes.sha256)
+    check.sha256_done = True
+    try:
+        # A good copy renamed over it while it was read is not to be judged (nor moved).
+        now = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        now = None
+    if now is None or now.st_ino != st.st_ino or not stat.S_ISREG(now.st_mode):
+        check.status, check.actual = "changed", None
+    return None, check
+
+
 def check_blob(
     path: str | os.PathLike[str],
     cached: CacheEntry | None,
@@ -172,58 +326,34 @@ def check_blob(
     dir_fd: int | None = None,
 ) -> BlobCheck:
     """Check `blobs/sha256-<hex>` (`path`, relative to the directory `dir_fd` when given)
-    against its name; never raises for an unreadable file."""
+    against its name, by the rules of a batch; never raises for an unreadable file. The
+    caller quarantines a corrupt one."""
     name = os.path.basename(path)
-    want = name.removeprefix("sha256-")
     try:
         fd, st = open_stat(path, follow=False, dir_fd=dir_fd)
     except OSError as exc:
         return BlobCheck(name, "unreadable", 0, error=_why(exc))
+    out = Batch()
     try:
-        key = FileKey.of(st)
-        check = BlobCheck(name, "ok", st.st_size, key=key)
-        try:
-            if st.st_size > CHUNK:
-                with contextlib.suppress(OSError):
-                    # One sequential pass: a larger readahead window, and no cache pollution
-                    # worth keeping (these bytes are read again only by the next verify). A
-                    # blob read in one chunk has no use for it, and a store has thousands.
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-            if quick and cached is not None and cached.key == key:
-                hashes = hash_fd(fd, sha256=False, stop=stop)
-                check.bytes_read += hashes.size
-                if hashes.xxh3 == cached.xxh3 and hashes.size == key.size:
-                    check.xxh3_only = True
-                    check.entry = cached
-                    return _settled(check, fd, path, dir_fd)
-                log.info("%s: xxh3 differs from the last full check; confirming with sha256", name)
-            hashes = hash_fd(fd, sha256=True, stop=stop)
-            check.bytes_read += hashes.size
-            check.sha256_done = True
-        except OSError as exc:
-            check.status, check.error = "unreadable", _why(exc)
-            return check
-        if hashes.sha256 != want:
-            check.status, check.actual = "corrupt", hashes.sha256
-        else:
-            check.entry = CacheEntry(key, hashes.xxh3, now())
-        return _settled(check, fd, path, dir_fd)
+        entry, problem = _check_open(
+            fd, st, name, path, dir_fd, cached if quick else None, now(), out, stop
+        )
     finally:
         os.close(fd)
-
-
-def _settled(
-    check: BlobCheck, fd: int, path: str | os.PathLike[str], dir_fd: int | None
-) -> BlobCheck:
-    """`changed` if the file was modified, or its name given to another file, while we read."""
-    try:
-        after = FileKey.of(os.fstat(fd))
-        now = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
-    except OSError:
-        after, now = None, None
-    if after is None or now is None or after != check.key or now.st_ino != after.ino:
-        check.status, check.entry, check.actual = "changed", None, None
+    check = problem or BlobCheck(name, "ok", st.st_size, key=FileKey.of(st), entry=entry)
+    check.bytes_read = out.bytes_read
+    check.sha256_done = out.sha256 > 0
+    check.xxh3_only = out.xxh3_only > 0
     return check
+
+
+def _quarantine(layout: Layout, check: BlobCheck) -> None:
+    """A corrupt blob leaves blobs/ at once (not at the end of a run that may take hours,
+    during which it would be served, and a good copy could be put in its place)."""
+    try:
+        check.quarantined = quarantine_blob(layout, check.name, check.key)
+    except OSError as exc:
+        check.quarantine_error = f"not quarantined: {exc.strerror or exc}"
 
 
 def _why(exc: OSError) -> str:
@@ -259,6 +389,10 @@ class VerifyCache:
             return cls(layout)
         try:
             doc = json.loads(raw)
+            if isinstance(doc, dict) and doc.get("version") == 1:
+                # modelfs before stat stamps and samples: every blob gets one full check.
+                log.info("verify cache %s is of an older modelfs; ignoring it", path)
+                return cls(layout)
             if not isinstance(doc, dict) or doc.get("version") != CACHE_VERSION:
                 raise ValueError(f"not a version {CACHE_VERSION} cache")
             blobs = doc["blobs"]
