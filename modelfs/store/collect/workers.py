@@ -146,10 +146,11 @@ class Workers:
 
         def hand_out(conn: Connection) -> None:
             i = next(todo, None)
-            if i is None:
-                conn.send(None)
-            else:
-                conn.send(units[i])
+            try:
+                conn.send(None if i is None else units[i])
+            except OSError:  # EPIPE: it died after its last answer
+                raise WorkerError("a verify worker process died") from None
+            if i is not None:
                 busy[conn] = i
 
         for conn in self.conns:

@@ -1,0 +1,242 @@
+"""`modelfs verify` on worker processes, and what `--quick` promises (docs/gc.md).
+
+The damage: one small blob among hundreds changed in place, its size and mtime put back (so
+only its bytes and its ctime betray it); damage that bypasses the filesystem, simulated by
+giving the cache the stamp the damaged file now has (a failing disk changes bytes, never a
+ctime); workers stopped, killed, and a verify interrupted with Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from modelfs.store.collect.verify import (
+    SAMPLE_FROM,
+    Interrupted,
+    VerifyCache,
+    sample_pieces,
+)
+from modelfs.store.collect.workers import WorkerError, Workers
+from modelfs.store.digest import Digest
+from modelfs.store.layout import Layout
+from modelfs.sync.daemon.verify import BATCH_BLOBS
+from tests.builders import TinyStore
+from tests.test_pull import weights
+from tests.test_verify import MODELFS, Model, verify
+
+MiB = 1 << 20
+
+
+def flip_in_place(path: Path, offset: int) -> None:
+    """Flip one bit at `offset`; size and mtime put back to the nanosecond."""
+    st = path.stat()
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([byte ^ 1]))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    after = path.stat()
+    assert (after.st_size, after.st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+
+
+def as_if_unchanged(layout: Layout, name: str) -> None:
+    """Give the cache entry of `name` the stamp its file has now: what a quick run sees
+    after damage that did not go through the filesystem (which leaves the ctime alone)."""
+    path = VerifyCache.path_for(layout)
+    doc = json.loads(path.read_bytes())
+    st = (layout.blobs / name).stat()
+    doc["blobs"][name].update(
+        ino=st.st_ino, size=st.st_size, mtime_ns=st.st_mtime_ns, ctime_ns=st.st_ctime_ns
+    )
+    path.write_text(json.dumps(doc))
+
+
+def many_small(root: Path, n: int) -> tuple[TinyStore, list[bytes]]:
+    tiny = TinyStore(root)
+    payloads = [weights(200 + i % 300, seed=i) for i in range(n)]
+    tiny.legacy("many:1", tiny.manifest([tiny.layer("params", p) for p in payloads]))
+    return tiny, payloads
+
+
+# -- full checks on workers ---------------------------------------------------------------------
+def test_a_small_blob_changed_in_place_among_many_is_caught_by_a_full_check(
+    tmp_path: Path,
+) -> None:
+    # Several batches, so several workers: the bad blob is in the middle of one.
+    tiny, payloads = many_small(tmp_path / "models", 3 * BATCH_BLOBS)
+    rc, report, _ = verify(tiny.root)
+    assert rc == 0 and report["checked"]["sha256"] == report["checked"]["blobs"]
+    bad = Digest.of_bytes(payloads[len(payloads) // 2])
+    flip_in_place(tiny.layout.blob(bad), 7)
+    rc, report, _ = verify(tiny.root)
+    assert rc == 1 and report["problems"] == ["1 corrupt"]
+    [corrupt] = report["corrupt"]
+    assert corrupt["blob"] == f"blobs/{bad.blob_name}"
+    assert corrupt["quarantined"] == f".modelfs/quarantine/{bad.blob_name}"
+    assert report["checked"]["blobs"] == len(payloads) + 1  # and the config
+    assert report["checked"]["sha256"] == len(payloads) + 1
+    assert not tiny.layout.blob(bad).exists()
+
+
+def test_quick_catches_a_small_blob_changed_in_place_by_its_ctime(tmp_path: Path) -> None:
+    tiny, payloads = many_small(tmp_path / "models", 50)
+    assert verify(tiny.root)[0] == 0
+    bad = Digest.of_bytes(payloads[3])
+    flip_in_place(tiny.layout.blob(bad), 0)
+    rc, report, _ = verify(tiny.root, "--quick")
+    assert rc == 1 and [c["blob"] for c in report["corrupt"]] == [f"blobs/{bad.blob_name}"]
+    # Only that blob was read: the others passed on their stamps alone.
+    assert report["checked"]["sha256"] == 1
+    assert report["checked"]["bytes_read"] == len(payloads[3])
+
+
+# -- what --quick cannot catch, as docs/gc.md says ---------------------------------------------
+def test_quick_misses_damage_below_the_filesystem_in_a_small_blob_and_full_does_not(
+    tmp_path: Path,
+) -> None:
+    tiny, payloads = many_small(tmp_path / "models", 10)
+    assert verify(tiny.root)[0] == 0
+    bad = Digest.of_bytes(payloads[0])
+    flip_in_place(tiny.layout.blob(bad), 5)
+    as_if_unchanged(tiny.layout, bad.blob_name)
+    rc, report, _ = verify(tiny.root, "--quick")
+    assert rc == 0 and report["checked"]["bytes_read"] == 0  # under 1 MiB: the stamp alone
+    rc, report, _ = verify(tiny.root)
+    assert rc == 1 and [c["blob"] for c in report["corrupt"]] == [f"blobs/{bad.blob_name}"]
+
+
+@pytest.mark.parametrize("where", ["sampled", "between samples"])
+def test_quick_sees_damage_below_the_filesystem_only_in_its_sample(
+    tmp_path: Path, where: str
+) -> None:
+    m = Model(tmp_path / "models", size=4 * MiB)
+    pieces = sample_pieces(len(m.payload))
+    assert len(pieces) == 16 and sum(n for _, n in pieces) == len(m.payload) // 16
+    assert pieces[0][0] == 0 and sum(pieces[-1]) == len(m.payload)  # first and last byte
+    assert verify(m.root)[0] == 0
+    first_gap = pieces[0][1] + 10
+    assert first_gap < pieces[1][0]
+    offset = pieces[5][0] + 100 if where == "sampled" else first_gap
+    flip_in_place(m.blob, offset)
+    as_if_unchanged(m.layout, m.digest.blob_name)
+    rc, report, _ = verify(m.root, "--quick")
+    if where == "sampled":
+        # The sample differs: a full check confirms it, and it is quarantined.
+        assert rc == 1 and report["problems"] == ["1 corrupt"]
+        assert report["checked"]["sha256"] == 1
+    else:
+        assert rc == 0 and report["checked"]["sha256"] == 0
+        rc, report, _ = verify(m.root)
+        assert rc == 1 and report["problems"] == ["1 corrupt"]
+
+
+def test_quick_reads_a_sixteenth_of_a_large_blob_and_nothing_of_small_ones(
+    tmp_path: Path,
+) -> None:
+    m = Model(tmp_path / "models", size=SAMPLE_FROM * 3 + 12345)
+    assert verify(m.root)[0] == 0
+    rc, report, _ = verify(m.root, "--quick")
+    assert rc == 0 and report["checked"]["sha256"] == 0
+    assert report["checked"]["xxh3_only"] == report["checked"]["blobs"] == 4
+    assert report["checked"]["bytes_read"] == sum(n for _, n in sample_pieces(len(m.payload)))
+    assert report["checked"]["bytes_read"] <= len(m.payload) // 16
+
+
+def test_quick_without_a_cache_entry_is_a_full_check(tmp_path: Path) -> None:
+    tiny, _ = many_small(tmp_path / "models", 20)
+    rc, report, _ = verify(tiny.root, "--quick")
+    assert rc == 0 and report["checked"]["sha256"] == report["checked"]["blobs"] == 21
+
+
+# -- workers are always stopped -----------------------------------------------------------------
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_workers_stop_when_told_to_mid_run(tmp_path: Path) -> None:
+    tiny, payloads = many_small(tmp_path / "models", 40)
+    names = [Digest.of_bytes(p).blob_name for p in payloads]
+    units: list[Any] = [([n], None) for n in names]
+    seen = []
+
+    def stop() -> bool:
+        return len(seen) >= 3
+
+    with Workers(tiny.layout, 2) as pool:
+        pids = [p.pid for p in pool.procs]
+        assert len(pids) == 2 and all(pid is not None for pid in pids)
+        with pytest.raises(Interrupted):
+            pool.run(units, stop=stop, done=lambda i, b: seen.append(i))
+    assert all(gone(pid) for pid in pids if pid is not None)
+
+
+def test_a_worker_killed_mid_run_is_an_error_and_the_others_stop(tmp_path: Path) -> None:
+    tiny, payloads = many_small(tmp_path / "models", 40)
+    units: list[Any] = [([Digest.of_bytes(p).blob_name], None) for p in payloads]
+    with Workers(tiny.layout, 2) as pool:
+        pids = [p.pid for p in pool.procs if p.pid is not None]
+
+        def kill_one(i: int, batch: object) -> None:
+            if i == 0:
+                os.kill(pids[0], signal.SIGKILL)
+                time.sleep(0.2)
+
+        with pytest.raises(WorkerError):
+            pool.run(units, stop=lambda: False, done=kill_one)
+    assert all(gone(pid) for pid in pids)
+
+
+def children(pid: int) -> set[int]:
+    out: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        text = (task / "children").read_text()
+        out.update(int(x) for x in text.split())
+    return out
+
+
+def test_ctrl_c_stops_verify_and_its_workers(tmp_path: Path) -> None:
+    m = Model(tmp_path / "models")
+    # Sparse blobs (no disk used) that take seconds to hash; named wrong, which does not
+    # matter: the run is interrupted first.
+    for i in range(4):
+        with open(m.layout.blobs / f"sha256-{i:064x}", "wb") as f:
+            f.truncate(8 << 30)
+    proc = subprocess.Popen(
+        [MODELFS, "verify", "--store", str(m.root)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        workers: set[int] = set()
+        while len(workers) < 2 and time.monotonic() < deadline:
+            workers = children(proc.pid)
+            time.sleep(0.05)
+        assert len(workers) >= 2, "no workers started"
+        time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0
+    assert b"Traceback" not in err, err.decode(errors="replace")
+    deadline = time.monotonic() + 5
+    while not all(gone(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(gone(pid) for pid in workers)
