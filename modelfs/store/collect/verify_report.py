@@ -190,7 +190,7 @@ class Report:
     bytes: int = 0  # bytes of the blobs checked
     bytes_read: int = 0
     sha256: int = 0  # blobs whose sha256 was computed
-    xxh3_only: int = 0  # blobs a quick check passed on xxh3 alone
+    xxh3_only: int = 0  # blobs a quick check passed without sha256 (stamp, and sample if large)
     seconds: float = 0.0
     corrupt: list[Corrupt] = field(default_factory=list)
     unreadable: list[tuple[str, str]] = field(default_factory=list)  # blob name, why
