@@ -8,7 +8,6 @@ ctime); workers stopped, killed, and a verify interrupted with Ctrl-C.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -51,13 +50,11 @@ def flip_in_place(path: Path, offset: int) -> None:
 def as_if_unchanged(layout: Layout, name: str) -> None:
     """Give the cache entry of `name` the stamp its file has now: what a quick run sees
     after damage that did not go through the filesystem (which leaves the ctime alone)."""
-    path = VerifyCache.path_for(layout)
-    doc = json.loads(path.read_bytes())
+    cache = VerifyCache.load(layout)
     st = (layout.blobs / name).stat()
-    doc["blobs"][name].update(
-        ino=st.st_ino, size=st.st_size, mtime_ns=st.st_mtime_ns, ctime_ns=st.st_ctime_ns
-    )
-    path.write_text(json.dumps(doc))
+    stamp = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    cache.entries[name] = cache.entries[name]._replace(stamp=stamp)
+    assert cache.save()
 
 
 def many_small(root: Path, n: int) -> tuple[TinyStore, list[bytes]]:
@@ -167,35 +164,25 @@ def gone(pid: int) -> bool:
 
 
 def test_workers_stop_when_told_to_mid_run(tmp_path: Path) -> None:
-    tiny, payloads = many_small(tmp_path / "models", 40)
-    names = [Digest.of_bytes(p).blob_name for p in payloads]
-    units: list[Any] = [([n], None) for n in names]
-    seen = []
-
-    def stop() -> bool:
-        return len(seen) >= 3
-
-    with Workers(tiny.layout, 2) as pool:
-        pids = [p.pid for p in pool.procs]
-        assert len(pids) == 2 and all(pid is not None for pid in pids)
+    tiny, payloads = many_small(tmp_path / "models", 400)
+    units: list[Any] = [([Digest.of_bytes(p).blob_name], None) for p in payloads]
+    with Workers(tiny.layout, units, 2) as pool:
+        pids = [p.pid for p in pool.procs if p.pid is not None]
+        assert len(pids) == 2
         with pytest.raises(Interrupted):
-            pool.run(units, stop=stop, done=lambda i, b: seen.append(i))
-    assert all(gone(pid) for pid in pids if pid is not None)
+            pool.run(stop=lambda: pool.progress()[0] >= 3)
+        assert pool.progress()[0] < len(units)  # stopped before the end
+    assert all(gone(pid) for pid in pids)
 
 
 def test_a_worker_killed_mid_run_is_an_error_and_the_others_stop(tmp_path: Path) -> None:
-    tiny, payloads = many_small(tmp_path / "models", 40)
+    tiny, payloads = many_small(tmp_path / "models", 400)
     units: list[Any] = [([Digest.of_bytes(p).blob_name], None) for p in payloads]
-    with Workers(tiny.layout, 2) as pool:
+    with Workers(tiny.layout, units, 2) as pool:
         pids = [p.pid for p in pool.procs if p.pid is not None]
-
-        def kill_one(i: int, batch: object) -> None:
-            if i == 0:
-                os.kill(pids[0], signal.SIGKILL)
-                time.sleep(0.2)
-
+        os.kill(pids[0], signal.SIGKILL)
         with pytest.raises(WorkerError):
-            pool.run(units, stop=lambda: False, done=kill_one)
+            pool.run(stop=lambda: False)
     assert all(gone(pid) for pid in pids)
 
 

@@ -22,12 +22,16 @@ Everything here is synchronous and holds no global state but a per-thread buffer
 
 from __future__ import annotations
 
+import array
+import base64
 import contextlib
 import hashlib
+import itertools
 import json
 import logging
 import os
 import stat
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -37,7 +41,6 @@ from typing import NamedTuple
 
 import xxhash
 
-from modelfs.store.digest import is_blob_name
 from modelfs.store.disk.fileio import open_stat
 from modelfs.store.disk.owner import make_dirs, write_atomic
 from modelfs.store.layout import Layout
@@ -85,36 +88,7 @@ class CacheEntry(NamedTuple):
 
     stamp: Stamp
     sample: str | None  # hex xxh3-128 of sample_pieces(size); None below SAMPLE_FROM
-    verified_at: float  # Unix time of that full check
-
-    def as_json(self) -> dict[str, object]:
-        ino, size, mtime_ns, ctime_ns = self.stamp
-        return {
-            "ino": ino,
-            "size": size,
-            "mtime_ns": mtime_ns,
-            "ctime_ns": ctime_ns,
-            "sample": self.sample,
-            "verified_at": self.verified_at,
-        }
-
-    @classmethod
-    def from_json(cls, obj: object) -> CacheEntry:
-        if not isinstance(obj, dict):
-            raise ValueError("entry is not an object")
-        ino, size, mtime_ns, ctime_ns = obj["ino"], obj["size"], obj["mtime_ns"], obj["ctime_ns"]
-        sample, verified_at = obj["sample"], obj["verified_at"]
-        if not (type(ino) is type(size) is type(mtime_ns) is type(ctime_ns) is int):
-            raise ValueError("ino, size, mtime_ns and ctime_ns must be integers")
-        if sample is not None and (not isinstance(sample, str) or len(sample) != 32):
-            raise ValueError("sample must be 32 hex digits or null")
-        if (sample is None) != (size < SAMPLE_FROM):
-            raise ValueError(f"sample must be given exactly for blobs of {SAMPLE_FROM} bytes on")
-        if sample is not None:
-            int(sample, 16)
-        if type(verified_at) not in (int, float):
-            raise ValueError("verified_at must be a number")
-        return cls((ino, size, mtime_ns, ctime_ns), sample, float(verified_at))
+    verified_at: int  # Unix time (s) of that full check
 
 
 # -- hashing ---------------------------------------------------------------------------------
@@ -237,7 +211,7 @@ def check_batch(
     still matches, which gets the quick check. A corrupt blob goes to quarantine at once.
     Never raises for a blob that cannot be read; raises Interrupted when `stop()` says so."""
     out = Batch()
-    verified_at = now()
+    verified_at = int(now())
     blobs_dir = f"{root}/blobs"
     for i, name in enumerate(names):
         if stop is not None and stop():
@@ -270,7 +244,7 @@ def _check_open(
     path: str | os.PathLike[str],
     dir_fd: int | None,
     cached: CacheEntry | None,
-    verified_at: float,
+    verified_at: int,
     out: Batch,
     stop: Callable[[], bool] | None,
 ) -> tuple[CacheEntry | None, BlobCheck | None]:
@@ -336,7 +310,7 @@ def check_blob(
     out = Batch()
     try:
         entry, problem = _check_open(
-            fd, st, name, path, dir_fd, cached if quick else None, now(), out, stop
+            fd, st, name, path, dir_fd, cached if quick else None, int(now()), out, stop
         )
     finally:
         os.close(fd)
@@ -363,7 +337,14 @@ def _why(exc: OSError) -> str:
 # -- the cache ---------------------------------------------------------------------------------
 class VerifyCache:
     """`<store>/.modelfs/verify/cache.json`: blob name -> CacheEntry. A file that cannot be
-    read or parsed is ignored with one warning (every blob then gets a full check)."""
+    read or parsed is ignored with one warning (every blob then gets a full check).
+
+    One JSON object, in columns, as a store has tens of thousands of blobs and a verify that
+    takes a tenth of a second has no time to parse or write an object for each:
+    `{"version": 2, "names": [...], "stamps": base64 of 4 little-endian int64 per name (inode,
+    size, mtime_ns, ctime_ns), "verified_at": base64 of one int64 per name (Unix seconds),
+    "samples": {name: hex xxh3-128}}` (samples only for blobs of SAMPLE_FROM bytes or more).
+    """
 
     def __init__(self, layout: Layout, entries: dict[str, CacheEntry] | None = None) -> None:
         self.layout = layout
@@ -395,12 +376,7 @@ class VerifyCache:
                 return cls(layout)
             if not isinstance(doc, dict) or doc.get("version") != CACHE_VERSION:
                 raise ValueError(f"not a version {CACHE_VERSION} cache")
-            blobs = doc["blobs"]
-            if not isinstance(blobs, dict):
-                raise ValueError("`blobs` is not an object")
-            entries = {
-                name: CacheEntry.from_json(obj) for name, obj in blobs.items() if is_blob_name(name)
-            }
+            entries = _entries(doc["names"], doc["stamps"], doc["verified_at"], doc["samples"])
         except (ValueError, KeyError, TypeError) as exc:
             log.warning("verify cache %s is damaged (%s); ignoring it", path, exc)
             return cls(layout)
@@ -410,9 +386,18 @@ class VerifyCache:
         """Write atomically (temp file in the same directory, fsync, rename); False, with a
         warning, where the store cannot be written (a read-only store can still be verified)."""
         path = self.path
+        values = self.entries.values()
+        stamps = array.array("q", itertools.chain.from_iterable(e.stamp for e in values))
+        times = array.array("q", (e.verified_at for e in values))
+        if sys.byteorder == "big":
+            stamps.byteswap()
+            times.byteswap()
         doc = {
             "version": CACHE_VERSION,
-            "blobs": {name: e.as_json() for name, e in sorted(self.entries.items())},
+            "names": list(self.entries),
+            "stamps": base64.b64encode(stamps.tobytes()).decode(),
+            "verified_at": base64.b64encode(times.tobytes()).decode(),
+            "samples": {n: e.sample for n, e in self.entries.items() if e.sample is not None},
         }
         data = json.dumps(doc, separators=(",", ":")).encode() + b"\n"
         try:
@@ -421,6 +406,42 @@ class VerifyCache:
             log.warning("cannot write the verify cache %s: %s", path, _why(exc))
             return False
         return True
+
+
+def _int64s(text: object, count: int, what: str) -> array.array[int]:
+    if not isinstance(text, str):
+        raise ValueError(f"`{what}` is not a string")
+    out = array.array("q", base64.b64decode(text, validate=True))
+    if sys.byteorder == "big":
+        out.byteswap()
+    if len(out) != count:
+        raise ValueError(f"`{what}` holds {len(out)} numbers, not {count}")
+    return out
+
+
+def _entries(
+    names: object, stamps: object, times: object, samples: object
+) -> dict[str, CacheEntry]:
+    if not isinstance(names, list) or not all(type(n) is str for n in names):
+        raise ValueError("`names` is not a list of strings")
+    if not isinstance(samples, dict):
+        raise ValueError("`samples` is not an object")
+    flat = _int64s(stamps, 4 * len(names), "stamps")
+    at = _int64s(times, len(names), "verified_at")
+    for name, sample in samples.items():
+        if not isinstance(sample, str) or len(sample) != 32:
+            raise ValueError(f"the sample of {name} is not 32 hex digits")
+        int(sample, 16)
+    it = iter(flat)
+    entries = {
+        name: CacheEntry(stamp, samples.get(name), t)
+        for name, stamp, t in zip(names, zip(it, it, it, it, strict=True), at, strict=True)
+    }
+    # A large blob's entry without a sample (or a small one's with one) was not written by
+    # this code: such a blob gets a full check.
+    for name in [n for n, e in entries.items() if (e.sample is None) != (e.stamp[1] < SAMPLE_FROM)]:
+        del entries[name]
+    return entries
 
 
 # -- quarantine --------------------------------------------------------------------------------

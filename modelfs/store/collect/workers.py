@@ -1,19 +1,21 @@
-"""Blob checks on every core: worker processes that each run `check_batch` on the units of
-work they are handed, one at a time, until there are none left.
+"""Blob checks on every core: worker processes, forked with the list of units of work in
+memory, each taking the next unit no other has taken until none is left.
 
-    with Workers(layout, n) as pool: pool.run(units, stop=..., done=...) -> list[Batch]
+    with Workers(layout, units, n) as pool: pool.run(stop=...) -> list[Batch]
 
 Processes, not threads: a small blob costs Python time (open, fstat, read, close, a hash of a
 few hundred bytes, for which hashlib keeps the GIL), so threads checking small blobs take
-turns on one core. A unit is a list of blob names (a large blob alone, small ones together),
-so a hand-off costs the same for one blob as for hundreds; a worker answers with one `Batch`
-(tuples, and objects only for the blobs that are not ok).
+turns on one core. A unit is a list of blob names (a large blob alone, small ones together);
+the workers take units by their index, under one shared counter, so the parent hands nothing
+out: it scans the store meanwhile, and a worker never waits for it (or for its GIL). Each
+worker sends its Batches (tuples, and objects only for the blobs that are not ok) once, at
+its end.
 
-Workers are forked: a fork costs a millisecond and carries the store's layout and the code in
-memory, where a fresh interpreter would spend tens of milliseconds importing it. They ignore
-SIGINT (Ctrl-C reaches the whole process group: the parent decides), exit when their pipe
-closes (the parent is gone), and are terminated, then killed, by whatever ends `run`: its end,
-an error, or `stop()`.
+Workers are forked: a fork costs a millisecond and carries the store's layout, the units and
+the code in memory, where a fresh interpreter would spend tens of milliseconds importing it.
+They ignore SIGINT (Ctrl-C reaches the whole process group: the parent decides), stop between
+chunks of a large blob when the parent is gone, and are terminated, then killed, by whatever
+ends `run` other than its end: an error, or `stop()`.
 """
 
 from __future__ import annotations
@@ -61,8 +63,31 @@ def check_units(layout: Layout, units: Sequence[Unit], stop: Callable[[], bool])
             os.close(dir_fd)
 
 
-def _serve(conn: Connection, root: str) -> None:
-    """A worker: check each unit received and send back its Batch, until None or EOF."""
+class _Shared:
+    """What the workers share, in memory the fork maps into each: the index of the next unit
+    to take, and how many blobs and bytes are done (for progress lines)."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.next = ctx.Value("q", 0)  # its lock guards all three
+        self.blobs = ctx.Value("q", 0, lock=False)
+        self.bytes = ctx.Value("q", 0, lock=False)
+
+    def take(self) -> int:
+        with self.next.get_lock():
+            i: int = self.next.value
+            self.next.value = i + 1
+        return i
+
+    def count(self, batch: Batch) -> None:
+        with self.next.get_lock():
+            self.blobs.value += len(batch.entries)
+            self.bytes.value += batch.bytes
+
+
+def _serve(conn: Connection, root: str, units: Sequence[Unit], shared: _Shared) -> None:
+    """A worker: take the next unit not taken until none is left, then send the parent
+    every (index, Batch) at once. The units were in memory before the fork: nothing is
+    handed out, so a parent busy with a scan (and the GIL) never keeps a worker waiting."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     parent = os.getppid()
@@ -72,43 +97,51 @@ def _serve(conn: Connection, root: str) -> None:
     def orphaned() -> bool:  # between chunks of a large blob: the parent was killed
         return os.getppid() != parent
 
+    done: list[tuple[int, Batch]] = []
+    reply: Any = done
     try:
-        while True:
-            try:
-                unit = conn.recv()
-            except EOFError:
-                return
-            if unit is None:
-                return
-            names, cached = unit
-            try:
-                reply: Any = check_batch(dir_fd, names, root, cached, stop=orphaned)
-            except Interrupted:
-                return
-            except Exception as exc:  # a bug: said to the parent, which raises it
-                reply = exc
-            conn.send(reply)
+        while (i := shared.take()) < len(units):
+            names, cached = units[i]
+            batch = check_batch(dir_fd, names, root, cached, stop=orphaned)
+            shared.count(batch)
+            done.append((i, batch))
+    except Interrupted:
+        return
+    except Exception as exc:  # a bug: said to the parent, which raises it
+        reply = exc
+    try:
+        conn.send(reply)
     finally:
         conn.close()
 
 
 class Workers:
-    """`workers` forked processes, for `run` to hand units to. Fork them (`start`, or
-    entering the `with`) before starting threads that may hold a lock the children need."""
+    """`workers` processes forked to check `units`: they start at once, each taking the next
+    unit not taken (largest first, as `units` is given), and `run` collects what they found.
+    Fork them (`start`, or entering the `with`) before starting threads that may hold a lock
+    the children need."""
 
-    def __init__(self, layout: Layout, workers: int) -> None:
+    def __init__(self, layout: Layout, units: Sequence[Unit], workers: int) -> None:
         self.layout = layout
-        self.workers = workers
+        self.units = units
+        self.workers = workers if workers > 1 and len(units) > 1 else 0
         self.procs: list[multiprocessing.process.BaseProcess] = []
         self.conns: list[Connection] = []
+        self.shared: _Shared | None = None
         self.finished = False
 
     def start(self) -> Workers:
         ctx = multiprocessing.get_context("fork")
         try:
-            for _ in range(self.workers if self.workers > 1 else 0):
-                here, there = ctx.Pipe()
-                proc = ctx.Process(target=_serve, args=(there, str(self.layout.root)), daemon=True)
+            if self.workers:
+                self.shared = _Shared(ctx)
+            for _ in range(self.workers):
+                here, there = ctx.Pipe(duplex=False)
+                proc = ctx.Process(
+                    target=_serve,
+                    args=(there, str(self.layout.root), self.units, self.shared),
+                    daemon=True,
+                )
                 proc.start()
                 there.close()
                 self.procs.append(proc)
@@ -124,61 +157,44 @@ class Workers:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def run(
-        self,
-        units: Sequence[Unit],
-        *,
-        stop: Callable[[], bool],
-        done: Callable[[int, Batch], None] | None = None,
-    ) -> list[Batch]:
-        """Check every unit (in this process when there are no workers); the Batch of each
-        unit, in the order of `units`. `done(i, batch)` is called as each unit comes back.
-        Raises Interrupted when `stop()` says so; `close` then stops the workers at once."""
+    def progress(self) -> tuple[int, int]:
+        """Blobs and bytes checked so far (by the workers; 0 without any)."""
+        if self.shared is None:
+            return 0, 0
+        return self.shared.blobs.value, self.shared.bytes.value
+
+    def run(self, *, stop: Callable[[], bool]) -> list[Batch]:
+        """The Batch of each unit, in the order of `units` (checked here when there are no
+        workers). Raises Interrupted when `stop()` says so (`close` then stops the workers
+        at once), WorkerError when one died."""
         if not self.conns:
-            out = check_units(self.layout, units, stop)
-            if done is not None:
-                for i, batch in enumerate(out):
-                    done(i, batch)
-            return out
-        results: list[Batch | None] = [None] * len(units)
-        todo = iter(range(len(units)))
-        busy: dict[Connection, int] = {}
-
-        def hand_out(conn: Connection) -> None:
-            i = next(todo, None)
-            try:
-                conn.send(None if i is None else units[i])
-            except OSError:  # EPIPE: it died after its last answer
-                raise WorkerError("a verify worker process died") from None
-            if i is not None:
-                busy[conn] = i
-
-        for conn in self.conns:
-            hand_out(conn)
-        while busy:
+            return check_units(self.layout, self.units, stop)
+        results: list[Batch | None] = [None] * len(self.units)
+        waiting = list(self.conns)
+        while waiting:
             if stop():
                 raise Interrupted()
-            for ready in wait(list(busy), timeout=POLL):
+            for ready in wait(waiting, timeout=POLL):
                 assert isinstance(ready, Connection)
-                i = busy.pop(ready)
+                waiting.remove(ready)
                 try:
                     reply = ready.recv()
                 except EOFError:
                     raise WorkerError("a verify worker process died") from None
                 if isinstance(reply, Exception):
                     raise reply
-                results[i] = reply
-                if done is not None:
-                    done(i, reply)
-                hand_out(ready)
+                for i, batch in reply:
+                    results[i] = batch
+        if any(r is None for r in results):
+            raise WorkerError("a verify worker process died")
         self.finished = True
         return [r for r in results if r is not None]
 
     def close(self) -> None:
-        """Every worker ends: told to (EOF) after the last unit, terminated in any other
-        case (stopped, an error, a worker that died)."""
+        """Every worker ends: on its own after the last unit, terminated in any other case
+        (stopped, an error, a worker that died)."""
         for conn in self.conns:
-            conn.close()  # an idle worker reads EOF and exits
+            conn.close()
         for proc in self.procs:
             if self.finished:
                 proc.join(1)

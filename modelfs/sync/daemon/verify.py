@@ -83,16 +83,20 @@ def _list_blobs(layout: Layout) -> list[tuple[str, Stamp]]:
     """(name, stat stamp) of every regular file under a canonical blob name, largest first."""
     out = []
     try:
-        it = os.scandir(layout.blobs)
+        # Open, so that each entry's stat is by name in it, not a walk from the root.
+        dir_fd = os.open(layout.blobs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except FileNotFoundError:
         return []
-    with it:
-        for de in it:
-            if is_blob_name(de.name) and de.is_file(follow_symlinks=False):
-                try:
-                    out.append((de.name, stamp_of(de.stat(follow_symlinks=False))))
-                except OSError:
-                    out.append((de.name, (0, 0, 0, 0)))  # its check will say why
+    try:
+        with os.scandir(dir_fd) as it:
+            for de in it:
+                if is_blob_name(de.name) and de.is_file(follow_symlinks=False):
+                    try:
+                        out.append((de.name, stamp_of(de.stat(follow_symlinks=False))))
+                    except OSError:
+                        out.append((de.name, (0, 0, 0, 0)))  # its check will say why
+    finally:
+        os.close(dir_fd)
     out.sort(key=lambda item: -item[1][1])
     return out
 
@@ -145,33 +149,25 @@ def _plan(blobs: list[tuple[str, Stamp]], cache: VerifyCache, quick: bool) -> Pl
     return plan
 
 
-async def _check_all(
-    layout: Layout, plan: Plan, total: tuple[int, int], pool: Workers
-) -> list[Batch]:
-    """Run the plan on the workers (a thread waits for them, so a scan can run meanwhile)."""
+async def _check_all(pool: Workers, plan: Plan, total: tuple[int, int]) -> list[Batch]:
+    """Wait for the workers (in a thread, so a scan can run meanwhile)."""
     stop = threading.Event()  # set by in_thread when we are cancelled (Ctrl-C)
-    done = [len(plan.kept), plan.kept_bytes]
-
-    def one(i: int, batch: Batch) -> None:
-        done[0] += len(batch.entries)
-        done[1] += batch.bytes
 
     async def progress() -> None:
         while True:
             await trio.sleep(PROGRESS_EVERY)
+            blobs, size = pool.progress()
             log.info(
                 "verified %.1f of %.1f GB (%d of %d blobs)",
-                done[1] / 1e9,
+                (size + plan.kept_bytes) / 1e9,
                 total[1] / 1e9,
-                done[0],
+                blobs + len(plan.kept),
                 total[0],
             )
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(progress)
-        results = await in_thread(
-            partial(pool.run, plan.units, stop=stop.is_set, done=one), stop=stop
-        )
+        results = await in_thread(partial(pool.run, stop=stop.is_set), stop=stop)
         nursery.cancel_scope.cancel()
     return results
 
@@ -182,7 +178,7 @@ def _settle(
     plan: Plan,
     batches: list[Batch],
     cache: VerifyCache,
-    owners: dict[Digest, list[Owner]],
+    found: Survey,
 ) -> None:
     """Fill the report from the checks (corrupt blobs already quarantined), update the cache."""
     entries = dict(plan.kept)
@@ -197,6 +193,9 @@ def _settle(
         report.xxh3_only += batch.xxh3_only
         entries.update((n, e) for n, e in zip(names, batch.entries, strict=True) if e is not None)
         problems += batch.problems
+    owners = found.owners(
+        {Digest(c.name.removeprefix("sha256-")) for c in problems if c.status == "corrupt"}
+    )
     for check in sorted(problems, key=lambda c: c.name):
         name = check.name
         if check.status == "unreadable":
@@ -255,20 +254,20 @@ async def verify(layout: Layout, options: VerifyOptions | None = None) -> Report
         found.append(survey(index, reach))
 
     # Forked here, before the scan's thread starts (a fork copies no other thread, and a lock
-    # one held would stay held in the child); the scan then runs while they hash.
-    with Workers(layout, options.workers if len(plan.units) > 1 else 1) as pool:
+    # one held would stay held in the child), and they start at once; the scan runs meanwhile.
+    with Workers(layout, plan.units, options.workers) as pool:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(look)
-            batches = await _check_all(layout, plan, total, pool)
+            batches = await _check_all(pool, plan, total)
     [survey_] = found
-    await trio.to_thread.run_sync(_settle, layout, report, plan, batches, cache, survey_.owners)
+    await trio.to_thread.run_sync(_settle, layout, report, plan, batches, cache, survey_)
 
     corrupt = {c.name for c in report.corrupt}
     # A corrupt blob of the wrong size (truncated, zero-length) is fetched at the size its
     # manifests give, not its own.
     declared = {m.digest: m.size for m in survey_.missing}
     report.missing = [m for m in survey_.missing if m.digest.blob_name not in corrupt]
-    referenced = {d.blob_name for d in survey_.referenced}
+    referenced = survey_.referenced
     report.orphaned = [
         (name, stamp[1]) for name, stamp in blobs if name not in corrupt and name not in referenced
     ]
