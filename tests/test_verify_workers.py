@@ -8,6 +8,7 @@ ctime); workers stopped, killed, and a verify interrupted with Ctrl-C.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import subprocess
@@ -16,11 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import xxhash
 
 from modelfs.store.collect.verify import (
+    CHUNK,
     SAMPLE_FROM,
     Interrupted,
     VerifyCache,
+    hash_fd,
+    sample_hash,
     sample_pieces,
 )
 from modelfs.store.collect.workers import WorkerError, Workers
@@ -227,3 +232,39 @@ def test_ctrl_c_stops_verify_and_its_workers(tmp_path: Path) -> None:
     while not all(gone(pid) for pid in workers) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert all(gone(pid) for pid in workers)
+
+
+@pytest.mark.parametrize(
+    "size",
+    [
+        0,
+        1,
+        CHUNK - 1,
+        CHUNK,
+        CHUNK + 1,
+        SAMPLE_FROM - 1,
+        SAMPLE_FROM,
+        3 * SAMPLE_FROM + 12345,
+        17 * MiB + 1,
+    ],
+)
+def test_the_sample_taken_in_the_full_pass_is_the_one_quick_reads(
+    tmp_path: Path, size: int
+) -> None:
+    """A full check hashes the sample in its one pass, chunk by chunk, where pieces straddle
+    chunks; --quick reads the pieces alone. Both must agree, or every quick run would
+    re-hash every large blob (or, worse, pass a changed one)."""
+    data = weights(size, seed=size)
+    path = tmp_path / "blob"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        sampled = size >= SAMPLE_FROM
+        hashes = hash_fd(fd, size_hint=size, sample=sampled)
+        assert hashes.sha256 == hashlib.sha256(data).hexdigest() and hashes.size == size
+        assert hashes.sample == (sample_hash(fd, size) if sampled else None)
+        if sampled:
+            want = xxhash.xxh3_128(b"".join(data[o : o + n] for o, n in sample_pieces(size)))
+            assert hashes.sample == want.hexdigest()
+    finally:
+        os.close(fd)

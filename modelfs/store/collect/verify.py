@@ -121,13 +121,29 @@ def sample_hash(fd: int, size: int) -> str | None:
 class Hashes:
     sha256: str
     size: int  # bytes read
+    sample: str | None = None  # xxh3-128 of sample_pieces(size_hint), when asked for
 
 
-def hash_fd(fd: int, *, size_hint: int = -1, stop: Callable[[], bool] | None = None) -> Hashes:
-    """sha256 of everything `fd` holds from offset 0. `size_hint`: the size fstat gave; a
-    first read that returns that many bytes and less than a chunk ends the pass (the caller's
-    second fstat says whether the file grew meanwhile), which spares a small blob a read."""
+def hash_fd(
+    fd: int,
+    *,
+    size_hint: int = -1,
+    sample: bool = False,
+    stop: Callable[[], bool] | None = None,
+) -> Hashes:
+    """sha256 of everything `fd` holds from offset 0, and with `sample` the xxh3 of the
+    pieces of it that --quick reads (the same bytes, taken in the same pass). `size_hint`:
+    the size fstat gave; a read that returns the last of it and less than a chunk ends the
+    pass (the caller's second fstat says whether the file grew meanwhile), which spares a
+    small blob a read."""
+    if 0 <= size_hint < CHUNK and not sample:
+        # A small blob: one read, no buffer views (a store has tens of thousands of these).
+        data = os.pread(fd, size_hint, 0)
+        return Hashes(hashlib.sha256(data).hexdigest(), len(data))
     sha = hashlib.sha256()
+    pieces = sample_pieces(size_hint) if sample else []
+    xxh = xxhash.xxh3_128() if pieces else None
+    k = 0
     view = memoryview(_buffer(CHUNK))
     buffers = [view]
     pos = 0
@@ -139,14 +155,25 @@ def hash_fd(fd: int, *, size_hint: int = -1, stop: Callable[[], bool] | None = N
             else:
                 with view[:n] as piece:
                     sha.update(piece)
-            pos += n
+            end = pos + n
+            while k < len(pieces) and pieces[k][0] < end:
+                start, length = pieces[k]
+                a, b = max(start, pos), min(start + length, end)
+                if xxh is not None and a < b:
+                    with view[a - pos : b - pos] as part:
+                        xxh.update(part)
+                if start + length > end:
+                    break  # the rest of this piece is in the next chunk
+                k += 1
+            pos = end
             if pos == size_hint and n < CHUNK:
                 break
             if stop is not None and stop():
                 raise Interrupted()
     finally:
         view.release()
-    return Hashes(sha.hexdigest(), pos)
+    whole = xxh is not None and k == len(pieces)
+    return Hashes(sha.hexdigest(), pos, xxh.hexdigest() if whole and xxh is not None else None)
 
 
 _local = threading.local()
@@ -267,17 +294,16 @@ def _check_open(
                 out.xxh3_only += 1
                 return cached, None
             log.info("%s: its sample differs from the last full check; hashing it all", name)
-        hashes = hash_fd(fd, size_hint=size, stop=stop)
+        hashes = hash_fd(fd, size_hint=size, sample=size >= SAMPLE_FROM, stop=stop)
         out.bytes_read += hashes.size
         out.sha256 += 1
-        sample = sample_hash(fd, size) if size >= SAMPLE_FROM else None
         after = os.fstat(fd)
     except OSError as exc:
         return None, BlobCheck(name, "unreadable", size, error=_why(exc))
     if stamp_of(after) != stamp or hashes.size != size:
         return None, BlobCheck(name, "changed", size, key=FileKey.of(st))
     if hashes.sha256 == name[7:]:
-        return CacheEntry(stamp, sample, verified_at), None
+        return CacheEntry(stamp, hashes.sample, verified_at), None
     check = BlobCheck(name, "corrupt", size, key=FileKey.of(st), actual=hashes.sha256)
     check.sha256_done = True
     try:
