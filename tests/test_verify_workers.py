@@ -58,7 +58,9 @@ def as_if_unchanged(layout: Layout, name: str) -> None:
     cache = VerifyCache.load(layout)
     st = (layout.blobs / name).stat()
     stamp = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    cache.entries[name] = cache.entries[name]._replace(stamp=stamp)
+    entry = cache.get(name)
+    assert entry is not None
+    cache.put(name, entry._replace(stamp=stamp))
     assert cache.save()
 
 

@@ -213,10 +213,16 @@ class BlobCheck:
 
 @dataclass(slots=True)
 class Batch:
-    """What checking a list of blobs found: per blob that passed, its new or kept cache entry
-    (`entries`, by position in the list given: None for the others, which are in `problems`)."""
+    """What checking a list of blobs found, in columns by position in the list (a worker
+    sends this to its parent: tuples of ints cost little to pickle, objects do):
+    `stamps`: the stat stamp of each blob that passed, None for the others (in `problems`);
+    `samples`: the sample xxh3 of each large one a full check passed; `kept`: those a quick
+    check passed (whose cache entries stay as they were)."""
 
-    entries: list[CacheEntry | None] = field(default_factory=list)
+    stamps: list[Stamp | None] = field(default_factory=list)
+    samples: dict[int, str] = field(default_factory=dict)
+    kept: list[int] = field(default_factory=list)
+    verified_at: int = 0
     problems: list[BlobCheck] = field(default_factory=list)
     bytes: int = 0
     bytes_read: int = 0
@@ -237,8 +243,8 @@ def check_batch(
     check of each, except a blob given a cache entry (`cached`, by position) whose stamp
     still matches, which gets the quick check. A corrupt blob goes to quarantine at once.
     Never raises for a blob that cannot be read; raises Interrupted when `stop()` says so."""
-    out = Batch()
-    verified_at = int(now())
+    out = Batch(verified_at=int(now()))
+    stamps = out.stamps
     blobs_dir = f"{root}/blobs"
     for i, name in enumerate(names):
         if stop is not None and stop():
@@ -247,16 +253,24 @@ def check_batch(
         try:
             fd, st = open_stat(path, follow=False, dir_fd=dir_fd)
         except OSError as exc:
-            out.entries.append(None)
+            stamps.append(None)
             out.problems.append(BlobCheck(name, "unreadable", 0, error=_why(exc)))
             continue
+        old = cached[i] if cached else None
         try:
             entry, problem = _check_open(
-                fd, st, name, path, dir_fd, cached[i] if cached else None, verified_at, out, stop
+                fd, st, name, path, dir_fd, old, out.verified_at, out, stop
             )
         finally:
             os.close(fd)
-        out.entries.append(entry)
+        if entry is None:
+            stamps.append(None)
+        else:
+            stamps.append(entry.stamp)
+            if entry is old:
+                out.kept.append(i)
+            elif entry.sample is not None:
+                out.samples[i] = entry.sample
         if problem is not None:
             if problem.status == "corrupt":
                 _quarantine(Layout(Path(root)), problem)
@@ -362,19 +376,48 @@ def _why(exc: OSError) -> str:
 
 # -- the cache ---------------------------------------------------------------------------------
 class VerifyCache:
-    """`<store>/.modelfs/verify/cache.json`: blob name -> CacheEntry. A file that cannot be
-    read or parsed is ignored with one warning (every blob then gets a full check).
+    """`<store>/.modelfs/verify/cache.json`: per blob name, its CacheEntry, held in columns
+    (`stamps`, `samples`, `times`: dicts by name). A file that cannot be read or parsed is
+    ignored with one warning (every blob then gets a full check).
 
-    One JSON object, in columns, as a store has tens of thousands of blobs and a verify that
-    takes a tenth of a second has no time to parse or write an object for each:
-    `{"version": 2, "names": [...], "stamps": base64 of 4 little-endian int64 per name (inode,
-    size, mtime_ns, ctime_ns), "verified_at": base64 of one int64 per name (Unix seconds),
-    "samples": {name: hex xxh3-128}}` (samples only for blobs of SAMPLE_FROM bytes or more).
+    The file is one JSON object, in columns too, as a store has tens of thousands of blobs
+    and a verify that takes a tenth of a second has no time to parse or write an object for
+    each: `{"version": 2, "names": [...], "stamps": base64 of 4 little-endian int64 per name
+    (inode, size, mtime_ns, ctime_ns), "verified_at": base64 of one int64 per name (Unix
+    seconds), "samples": {name: hex xxh3-128}}` (samples: blobs of SAMPLE_FROM bytes or more).
     """
 
-    def __init__(self, layout: Layout, entries: dict[str, CacheEntry] | None = None) -> None:
+    def __init__(self, layout: Layout) -> None:
         self.layout = layout
-        self.entries: dict[str, CacheEntry] = entries or {}
+        self.stamps: dict[str, Stamp] = {}
+        self.samples: dict[str, str] = {}
+        self.times: dict[str, int] = {}
+
+    def get(self, name: str) -> CacheEntry | None:
+        stamp = self.stamps.get(name)
+        if stamp is None:
+            return None
+        return CacheEntry(stamp, self.samples.get(name), self.times[name])
+
+    def put(self, name: str, entry: CacheEntry) -> None:
+        self.stamps[name] = entry.stamp
+        self.times[name] = entry.verified_at
+        if entry.sample is None:
+            self.samples.pop(name, None)
+        else:
+            self.samples[name] = entry.sample
+
+    @property
+    def entries(self) -> dict[str, CacheEntry]:
+        """Every entry as an object (for a look at a few; the columns are for the many)."""
+        return {name: e for name in self.stamps if (e := self.get(name)) is not None}
+
+    def same(self, other: VerifyCache) -> bool:
+        return (self.stamps, self.samples, self.times) == (
+            other.stamps,
+            other.samples,
+            other.times,
+        )
 
     @staticmethod
     def path_for(layout: Layout) -> Path:
@@ -387,43 +430,65 @@ class VerifyCache:
     @classmethod
     def load(cls, layout: Layout) -> VerifyCache:
         path = cls.path_for(layout)
+        cache = cls(layout)
         try:
             raw = path.read_bytes()
         except FileNotFoundError:
-            return cls(layout)
+            return cache
         except OSError as exc:
             log.warning("verify cache %s unreadable (%s); ignoring it", path, _why(exc))
-            return cls(layout)
+            return cache
         try:
             doc = json.loads(raw)
             if isinstance(doc, dict) and doc.get("version") == 1:
                 # modelfs before stat stamps and samples: every blob gets one full check.
                 log.info("verify cache %s is of an older modelfs; ignoring it", path)
-                return cls(layout)
+                return cache
             if not isinstance(doc, dict) or doc.get("version") != CACHE_VERSION:
                 raise ValueError(f"not a version {CACHE_VERSION} cache")
-            entries = _entries(doc["names"], doc["stamps"], doc["verified_at"], doc["samples"])
+            cache._read(doc["names"], doc["stamps"], doc["verified_at"], doc["samples"])
         except (ValueError, KeyError, TypeError) as exc:
             log.warning("verify cache %s is damaged (%s); ignoring it", path, exc)
             return cls(layout)
-        return cls(layout, entries)
+        return cache
+
+    def _read(self, names: object, stamps: object, times: object, samples: object) -> None:
+        if not isinstance(names, list) or not all(type(n) is str for n in names):
+            raise ValueError("`names` is not a list of strings")
+        if not isinstance(samples, dict):
+            raise ValueError("`samples` is not an object")
+        flat = _int64s(stamps, 4 * len(names), "stamps")
+        at = _int64s(times, len(names), "verified_at")
+        for name, sample in samples.items():
+            if not isinstance(sample, str) or len(sample) != 32:
+                raise ValueError(f"the sample of {name} is not 32 hex digits")
+            int(sample, 16)
+        it = iter(flat)
+        self.stamps = dict(zip(names, zip(it, it, it, it, strict=True), strict=True))
+        self.times = dict(zip(names, at, strict=True))
+        self.samples = samples
+        # A large blob's entry without a sample (or a small one's with one) was not written
+        # by this code: such a blob gets a full check.
+        for name in [n for n, s in self.stamps.items() if (s[1] >= SAMPLE_FROM) != (n in samples)]:
+            del self.stamps[name]
+            self.samples.pop(name, None)
 
     def save(self) -> bool:
         """Write atomically (temp file in the same directory, fsync, rename); False, with a
         warning, where the store cannot be written (a read-only store can still be verified)."""
         path = self.path
-        values = self.entries.values()
-        stamps = array.array("q", itertools.chain.from_iterable(e.stamp for e in values))
-        times = array.array("q", (e.verified_at for e in values))
+        names = list(self.stamps)
+        flat = array.array("q", itertools.chain.from_iterable(self.stamps.values()))
+        at = array.array("q", map(self.times.__getitem__, names))
         if sys.byteorder == "big":
-            stamps.byteswap()
-            times.byteswap()
+            flat.byteswap()
+            at.byteswap()
         doc = {
             "version": CACHE_VERSION,
-            "names": list(self.entries),
-            "stamps": base64.b64encode(stamps.tobytes()).decode(),
-            "verified_at": base64.b64encode(times.tobytes()).decode(),
-            "samples": {n: e.sample for n, e in self.entries.items() if e.sample is not None},
+            "names": names,
+            "stamps": base64.b64encode(flat.tobytes()).decode(),
+            "verified_at": base64.b64encode(at.tobytes()).decode(),
+            "samples": {n: self.samples[n] for n in names if n in self.samples},
         }
         data = json.dumps(doc, separators=(",", ":")).encode() + b"\n"
         try:
@@ -443,31 +508,6 @@ def _int64s(text: object, count: int, what: str) -> array.array[int]:
     if len(out) != count:
         raise ValueError(f"`{what}` holds {len(out)} numbers, not {count}")
     return out
-
-
-def _entries(
-    names: object, stamps: object, times: object, samples: object
-) -> dict[str, CacheEntry]:
-    if not isinstance(names, list) or not all(type(n) is str for n in names):
-        raise ValueError("`names` is not a list of strings")
-    if not isinstance(samples, dict):
-        raise ValueError("`samples` is not an object")
-    flat = _int64s(stamps, 4 * len(names), "stamps")
-    at = _int64s(times, len(names), "verified_at")
-    for name, sample in samples.items():
-        if not isinstance(sample, str) or len(sample) != 32:
-            raise ValueError(f"the sample of {name} is not 32 hex digits")
-        int(sample, 16)
-    it = iter(flat)
-    entries = {
-        name: CacheEntry(stamp, samples.get(name), t)
-        for name, stamp, t in zip(names, zip(it, it, it, it, strict=True), at, strict=True)
-    }
-    # A large blob's entry without a sample (or a small one's with one) was not written by
-    # this code: such a blob gets a full check.
-    for name in [n for n, e in entries.items() if (e.sample is None) != (e.stamp[1] < SAMPLE_FROM)]:
-        del entries[name]
-    return entries
 
 
 # -- quarantine --------------------------------------------------------------------------------

@@ -80,7 +80,7 @@ class _Shared:
 
     def count(self, batch: Batch) -> None:
         with self.next.get_lock():
-            self.blobs.value += len(batch.entries)
+            self.blobs.value += len(batch.stamps)
             self.bytes.value += batch.bytes
 
 

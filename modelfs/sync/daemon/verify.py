@@ -111,13 +111,13 @@ class Plan:
     passes on their stat stamp alone, with no read (their cache entries kept)."""
 
     units: list[Unit] = field(default_factory=list)
-    kept: dict[str, CacheEntry] = field(default_factory=dict)
+    kept: list[str] = field(default_factory=list)
     kept_bytes: int = 0
 
 
 def _plan(blobs: list[tuple[str, Stamp]], cache: VerifyCache, quick: bool) -> Plan:
     plan = Plan()
-    entries = cache.entries if quick else {}
+    stamps = cache.stamps if quick else {}
     names: list[str] = []
     cached: list[CacheEntry | None] = []
     size = 0
@@ -129,11 +129,12 @@ def _plan(blobs: list[tuple[str, Stamp]], cache: VerifyCache, quick: bool) -> Pl
             names, cached, size = [], [], 0
 
     for name, stamp in blobs:
-        entry = entries.get(name)
         cost = stamp[1]
-        if entry is not None and entry.stamp == stamp:
-            if entry.sample is None:
-                plan.kept[name] = entry
+        entry = None
+        if stamps.get(name) == stamp:
+            entry = cache.get(name)
+            if entry is None or entry.sample is None:
+                plan.kept.append(name)
                 plan.kept_bytes += cost
                 continue
             cost = SAMPLE_PIECE * SAMPLE_PIECES
@@ -181,7 +182,10 @@ def _settle(
     found: Survey,
 ) -> None:
     """Fill the report from the checks (corrupt blobs already quarantined), update the cache."""
-    entries = dict(plan.kept)
+    new = VerifyCache(layout)
+    for name in plan.kept:
+        new.stamps[name] = cache.stamps[name]
+        new.times[name] = cache.times[name]
     report.blobs = len(plan.kept) + sum(len(names) for names, _ in plan.units)
     report.xxh3_only = len(plan.kept)
     report.bytes = plan.kept_bytes
@@ -191,7 +195,15 @@ def _settle(
         report.bytes_read += batch.bytes_read
         report.sha256 += batch.sha256
         report.xxh3_only += batch.xxh3_only
-        entries.update((n, e) for n, e in zip(names, batch.entries, strict=True) if e is not None)
+        passed = [(n, s) for n, s in zip(names, batch.stamps, strict=True) if s is not None]
+        new.stamps.update(passed)
+        new.times.update((n, batch.verified_at) for n, _ in passed)
+        new.samples.update((names[i], sample) for i, sample in batch.samples.items())
+        for i in batch.kept:
+            name = names[i]
+            new.times[name] = cache.times[name]
+            if name in cache.samples:
+                new.samples[name] = cache.samples[name]
         problems += batch.problems
     owners = found.owners(
         {Digest(c.name.removeprefix("sha256-")) for c in problems if c.status == "corrupt"}
@@ -217,9 +229,8 @@ def _settle(
                 corrupt.error = check.quarantine_error or "not quarantined"
                 log.error("blobs/%s is corrupt; %s", name, corrupt.error)
             report.corrupt.append(corrupt)
-    if entries != cache.entries:  # a quick run that found nothing new writes nothing
-        cache.entries = entries
-        report.cache_written = cache.save()
+    if not new.same(cache):  # a quick run that found nothing new writes nothing
+        report.cache_written = new.save()
 
 
 async def verify(layout: Layout, options: VerifyOptions | None = None) -> Report:
