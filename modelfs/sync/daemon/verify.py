@@ -26,15 +26,15 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 import trio
 
 from modelfs.store.collect.gc import GcPolicy
-from modelfs.store.collect.reach import reachable
 from modelfs.store.collect.verify import (
     SAMPLE_PIECE,
     SAMPLE_PIECES,
@@ -52,20 +52,18 @@ from modelfs.store.collect.verify_report import (
     Owner,
     Repair,
     Report,
-    Survey,
     gc_keeps,
-    survey,
 )
-from modelfs.store.collect.workers import Unit, Workers
+from modelfs.store.collect.workers import Surveyor, Unit, Workers
 from modelfs.store.digest import Digest, is_blob_name
 from modelfs.store.layout import Layout
-from modelfs.store.scan import scan_store
 from modelfs.store.units import counted, human_bytes
 from modelfs.sync.client.credentials import Credentials
 from modelfs.sync.client.threads import in_thread, run_unwrapped
 from modelfs.sync.errors import SyncError
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 PROGRESS_EVERY = 10.0  # seconds between progress lines on a long run
 
@@ -150,12 +148,18 @@ def _plan(blobs: list[tuple[str, Stamp]], cache: VerifyCache, quick: bool) -> Pl
     return plan
 
 
-async def _check_all(pool: Workers, plan: Plan, total: tuple[int, int]) -> list[Batch]:
-    """Wait for the workers (in a thread, so a scan can run meanwhile)."""
+async def _wait(
+    fn: Callable[..., T],
+    plan: Plan | None = None,
+    total: tuple[int, int] = (0, 0),
+    pool: Workers | None = None,
+) -> T:
+    """`fn(stop=...)` in a thread (it waits for worker processes), with a progress line every
+    PROGRESS_EVERY seconds while `pool` checks `plan`; Ctrl-C sets `stop`."""
     stop = threading.Event()  # set by in_thread when we are cancelled (Ctrl-C)
 
     async def progress() -> None:
-        while True:
+        while pool is not None and plan is not None:
             await trio.sleep(PROGRESS_EVERY)
             blobs, size = pool.progress()
             log.info(
@@ -168,9 +172,9 @@ async def _check_all(pool: Workers, plan: Plan, total: tuple[int, int]) -> list[
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(progress)
-        results = await in_thread(partial(pool.run, stop=stop.is_set), stop=stop)
+        result = await in_thread(partial(fn, stop=stop.is_set), stop=stop)
         nursery.cancel_scope.cancel()
-    return results
+    return result
 
 
 def _settle(
@@ -179,7 +183,7 @@ def _settle(
     plan: Plan,
     batches: list[Batch],
     cache: VerifyCache,
-    found: Survey,
+    owners_of: Callable[[set[Digest]], dict[Digest, list[Owner]]],
 ) -> None:
     """Fill the report from the checks (corrupt blobs already quarantined), update the cache."""
     new = VerifyCache(layout)
@@ -205,7 +209,7 @@ def _settle(
             if name in cache.samples:
                 new.samples[name] = cache.samples[name]
         problems += batch.problems
-    owners = found.owners(
+    owners = owners_of(
         {Digest(c.name.removeprefix("sha256-")) for c in problems if c.status == "corrupt"}
     )
     for check in sorted(problems, key=lambda c: c.name):
@@ -239,39 +243,32 @@ async def verify(layout: Layout, options: VerifyOptions | None = None) -> Report
     mode = "quick" if options.quick else "full"
     report = Report(layout.root, mode)
 
-    blobs = await trio.to_thread.run_sync(_list_blobs, layout)
-    # A full run trusts nothing of the cache: it writes a new one.
-    cache = (
-        await trio.to_thread.run_sync(VerifyCache.load, layout)
-        if options.quick
-        else VerifyCache(layout)
-    )
-    total = (len(blobs), sum(stamp[1] for _, stamp in blobs))
-    log.info(
-        "verifying %d blobs (%s), %s, %d at a time",
-        len(blobs),
-        human_bytes(total[1]),
-        "quick (stat stamps and samples against the last full check)"
-        if options.quick
-        else "full sha256",
-        options.workers,
-    )
-    plan = _plan(blobs, cache, options.quick)
-    found: list[Survey] = []
-
-    async def look() -> None:
-        index = await trio.to_thread.run_sync(scan_store, layout)
-        reach = await trio.to_thread.run_sync(reachable, layout)
-        found.append(survey(index, reach))
-
-    # Forked here, before the scan's thread starts (a fork copies no other thread, and a lock
-    # one held would stay held in the child), and they start at once; the scan runs meanwhile.
-    with Workers(layout, plan.units, options.workers) as pool:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(look)
-            batches = await _check_all(pool, plan, total)
-    [survey_] = found
-    await trio.to_thread.run_sync(_settle, layout, report, plan, batches, cache, survey_)
+    # The survey process is forked first, while this process has no other thread (a fork
+    # copies none, and a lock one held would stay held in the child); it scans the store
+    # while this process lists blobs/ and the workers check them.
+    with Surveyor(layout, fork=options.workers > 1) as looker:
+        blobs = await trio.to_thread.run_sync(_list_blobs, layout)
+        # A full run trusts nothing of the cache: it writes a new one.
+        cache = (
+            await trio.to_thread.run_sync(VerifyCache.load, layout)
+            if options.quick
+            else VerifyCache(layout)
+        )
+        total = (len(blobs), sum(stamp[1] for _, stamp in blobs))
+        log.info(
+            "verifying %d blobs (%s), %s, %d at a time",
+            len(blobs),
+            human_bytes(total[1]),
+            "quick (stat stamps and samples against the last full check)"
+            if options.quick
+            else "full sha256",
+            options.workers,
+        )
+        plan = _plan(blobs, cache, options.quick)
+        with Workers(layout, plan.units, options.workers) as pool:
+            batches = await _wait(partial(pool.run), plan, total, pool)
+        survey_ = await _wait(looker.result)
+        await trio.to_thread.run_sync(_settle, layout, report, plan, batches, cache, looker.owners)
 
     corrupt = {c.name for c in report.corrupt}
     # A corrupt blob of the wrong size (truncated, zero-length) is fetched at the size its
