@@ -193,7 +193,8 @@ class BlobCheck:
     """What checking one blob found.
 
     status: `ok`; `corrupt` (its sha256 is not its name); `unreadable` (open or read failed:
-    EIO, EACCES, …); `changed` (replaced or modified while it was read: not judged).
+    EIO, EACCES, …); `changed` (bytes that do not match, read from a file replaced or
+    modified meanwhile: not judged).
     A batch makes one only for a blob that is not `ok`, or on request (`check_blob`).
     """
 
@@ -311,13 +312,15 @@ def _check_open(
         hashes = hash_fd(fd, size_hint=size, sample=size >= SAMPLE_FROM, stop=stop)
         out.bytes_read += hashes.size
         out.sha256 += 1
+        if hashes.sha256 == name[7:] and hashes.size == size:
+            # Good bytes, whatever happened meanwhile: a write during the read moved the
+            # ctime past the stamp recorded, so the next quick run checks it in full.
+            return CacheEntry(stamp, hashes.sample, verified_at), None
         after = os.fstat(fd)
     except OSError as exc:
         return None, BlobCheck(name, "unreadable", size, error=_why(exc))
     if stamp_of(after) != stamp or hashes.size != size:
         return None, BlobCheck(name, "changed", size, key=FileKey.of(st))
-    if hashes.sha256 == name[7:]:
-        return CacheEntry(stamp, hashes.sample, verified_at), None
     check = BlobCheck(name, "corrupt", size, key=FileKey.of(st), actual=hashes.sha256)
     check.sha256_done = True
     try:
