@@ -270,3 +270,49 @@ def test_the_sample_taken_in_the_full_pass_is_the_one_quick_reads(
             assert hashes.sample == want.hexdigest()
     finally:
         os.close(fd)
+
+
+def test_an_unreadable_small_blob_among_many_is_reported_by_its_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A small blob is read with one pread (a large one with preadv): its EIO, raised in a
+    worker process (forked after the patch, so it has it), is one UNREADABLE line."""
+    import errno
+
+    import modelfs.store.collect.verify as sv
+    from modelfs.sync.daemon.verify import VerifyOptions, run_verify
+
+    tiny, payloads = many_small(tmp_path / "models", 3 * BATCH_BLOBS)
+    bad = Digest.of_bytes(payloads[100]).blob_name
+    real = os.pread
+
+    def failing(fd: int, n: int, offset: int) -> bytes:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(bad):
+            raise OSError(errno.EIO, "Input/output error")
+        return real(fd, n, offset)
+
+    monkeypatch.setattr(sv.os, "pread", failing)
+    report = run_verify(tiny.root, VerifyOptions(workers=2))
+    assert report.problems == ["1 unreadable"]
+    assert report.unreadable == [(bad, "Input/output error")]
+    assert report.sha256 == len(payloads)  # every other blob, and the config
+    assert tiny.layout.blob(Digest.of_bytes(payloads[100])).exists()  # not moved
+
+
+def test_a_worker_that_fails_raises_its_error_and_every_worker_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import modelfs.store.collect.workers as sw
+
+    tiny, payloads = many_small(tmp_path / "models", 40)
+    units: list[Any] = [([Digest.of_bytes(p).blob_name], None) for p in payloads]
+
+    def broken(*args: object, **kw: object) -> object:
+        raise RuntimeError("a bug in a worker")
+
+    monkeypatch.setattr(sw, "check_batch", broken)
+    with Workers(tiny.layout, units, 2) as pool:
+        pids = [p.pid for p in pool.procs if p.pid is not None]
+        with pytest.raises(RuntimeError, match="a bug in a worker"):
+            pool.run(stop=lambda: False)
+    assert all(gone(pid) for pid in pids)
