@@ -3,11 +3,12 @@
     await verify(layout, VerifyOptions(...)) -> Report
     run_verify(root, options) -> Report               under trio.run, for the CLI
 
-1. List `blobs/` (name and stat stamp of each) and, for --quick, load the verify cache.
+1. Start the survey of the store (manifests, what they name, strays, misnamed blobs) in a
+   process of its own (`store.collect.workers.Surveyor`); meanwhile list `blobs/` (name and
+   stat stamp of each) and, for --quick, load the verify cache.
 2. Check the blobs in worker processes, one per core (`store.collect.workers`: a small blob
    costs Python time, not hashing time, and threads would take turns on the GIL), each large
-   blob alone and small ones in batches, largest first; meanwhile this process scans the
-   store (manifests, what they name, strays, misnamed blobs). Full: sha256 of every blob.
+   blob alone and small ones in batches, largest first. Full: sha256 of every blob.
    Quick: a blob whose stamp (inode, size, mtime, ctime) matches the cache passes, after the
    xxh3 of a sample of it matches too for one of 1 MiB or more; the others get a full check.
 3. The worker that finds a blob corrupt moves it to `.modelfs/quarantine/` by rename at once.
