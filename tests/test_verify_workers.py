@@ -171,8 +171,15 @@ def gone(pid: int) -> bool:
 
 
 def test_workers_stop_when_told_to_mid_run(tmp_path: Path) -> None:
-    tiny, payloads = many_small(tmp_path / "models", 400)
-    units: list[Any] = [([Digest.of_bytes(p).blob_name], None) for p in payloads]
+    tiny = TinyStore(tmp_path / "models")
+    # Sparse blobs (no disk) of 64 MiB each, seconds of hashing in all (their names are
+    # wrong, which does not matter: the run is stopped long before the end).
+    units: list[Any] = []
+    for i in range(100):
+        name = f"sha256-{i:064x}"
+        with open(tiny.layout.blobs / name, "wb") as f:
+            f.truncate(64 * MiB)
+        units.append(([name], None))
     with Workers(tiny.layout, units, 2) as pool:
         pids = [p.pid for p in pool.procs if p.pid is not None]
         assert len(pids) == 2
