@@ -2,7 +2,6 @@
 memory, each taking the next unit no other has taken until none is left.
 
     with Workers(layout, units, n) as pool: pool.run(stop=...) -> list[Batch]
-    with Surveyor(layout, fork=True) as s: s.result(stop) -> Survey; s.owners(digests)
 
 Processes, not threads: a small blob costs Python time (open, fstat, read, close, a hash of a
 few hundred bytes, for which hashlib keeps the GIL), so threads checking small blobs take
@@ -29,12 +28,8 @@ from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from modelfs.store.collect.reach import reachable
 from modelfs.store.collect.verify import Batch, CacheEntry, Interrupted, check_batch
-from modelfs.store.collect.verify_report import Owner, Survey, survey
-from modelfs.store.digest import Digest
 from modelfs.store.layout import Layout
-from modelfs.store.scan import scan_store
 
 # A unit: blob names, and for a quick check the cache entries of those names (by position).
 Unit = tuple[list[str], list[CacheEntry | None] | None]
@@ -201,111 +196,14 @@ class Workers:
         for conn in self.conns:
             conn.close()
         for proc in self.procs:
-            _end(proc, wait=self.finished)  # else it may be in the middle of a unit
+            if self.finished:
+                proc.join(1)
+            if proc.is_alive():  # in the middle of a unit
+                proc.terminate()
+                proc.join(5)
+            if proc.is_alive():
+                with contextlib.suppress(OSError):
+                    proc.kill()
+                proc.join()
+            proc.close()
         self.procs, self.conns = [], []
-
-
-def _end(proc: multiprocessing.process.BaseProcess, *, wait: bool) -> None:
-    """Join a process that is done (`wait`), else terminate it; kill it if that fails."""
-    if wait:
-        proc.join(1)
-    if proc.is_alive():
-        proc.terminate()
-        proc.join(5)
-    if proc.is_alive():
-        with contextlib.suppress(OSError):
-            proc.kill()
-        proc.join()
-    proc.close()
-
-
-def _look(conn: Connection, root: str) -> None:
-    """The survey process: scan the store, send the Survey (without its index), then answer
-    one question: the owners of the blobs found corrupt (None: nothing to ask)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    try:
-        layout = Layout(root)
-        found = survey(scan_store(layout), reachable(layout))
-        index, found.index = found.index, None
-        conn.send(found)
-        wanted = conn.recv()
-        found.index = index
-        conn.send(found.owners(wanted) if wanted else {})
-    except EOFError:
-        return  # the parent is gone, or asks nothing
-    except Exception as exc:  # a bug: said to the parent, which raises it
-        with contextlib.suppress(OSError):
-            conn.send(exc)
-    finally:
-        conn.close()
-
-
-class Surveyor:
-    """The survey of the store (`store.collect.verify_report.survey`) in a process of its
-    own, which starts scanning at once: the parent lists blobs/ and plans meanwhile, and the
-    scan runs beside the hashing on the other core. With `fork` False, the survey is made
-    in this process when asked for (one core: a process would only take turns with it)."""
-
-    def __init__(self, layout: Layout, *, fork: bool) -> None:
-        self.layout = layout
-        self.fork = fork
-        self.proc: multiprocessing.process.BaseProcess | None = None
-        self.conn: Connection | None = None
-        self.found: Survey | None = None
-
-    def __enter__(self) -> Surveyor:
-        if self.fork:
-            ctx = multiprocessing.get_context("fork")
-            here, there = ctx.Pipe()
-            self.proc = ctx.Process(target=_look, args=(there, str(self.layout.root)), daemon=True)
-            try:
-                self.proc.start()
-            except BaseException:
-                here.close()
-                raise
-            finally:
-                there.close()
-            self.conn = here
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.conn is not None:
-            self.conn.close()
-        if self.proc is not None:
-            _end(self.proc, wait=exc[0] is None)
-            self.proc = None
-
-    def _recv(self, stop: Callable[[], bool]) -> Any:
-        assert self.conn is not None
-        while not self.conn.poll(POLL):
-            if stop():
-                raise Interrupted()
-        try:
-            reply = self.conn.recv()
-        except EOFError:
-            raise WorkerError("the verify survey process died") from None
-        if isinstance(reply, Exception):
-            raise reply
-        return reply
-
-    def result(self, stop: Callable[[], bool]) -> Survey:
-        if self.found is None:
-            if self.conn is None:
-                self.found = survey(scan_store(self.layout), reachable(self.layout))
-            else:
-                self.found = self._recv(stop)
-        return self.found
-
-    def owners(self, digests: set[Digest]) -> dict[Digest, list[Owner]]:
-        """The manifests that name each of `digests` (asked once, after `result`)."""
-        if self.conn is None:
-            return self.result(lambda: False).owners(digests)
-        try:
-            self.conn.send(digests or None)
-        except OSError:
-            raise WorkerError("the verify survey process died") from None
-        if not digests:
-            return {}
-        owners: dict[Digest, list[Owner]] = self._recv(lambda: False)
-        return owners

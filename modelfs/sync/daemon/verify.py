@@ -3,12 +3,11 @@
     await verify(layout, VerifyOptions(...)) -> Report
     run_verify(root, options) -> Report               under trio.run, for the CLI
 
-1. Start the survey of the store (manifests, what they name, strays, misnamed blobs) in a
-   process of its own (`store.collect.workers.Surveyor`); meanwhile list `blobs/` (name and
-   stat stamp of each) and, for --quick, load the verify cache.
+1. List `blobs/` (name and stat stamp of each) and, for --quick, load the verify cache.
 2. Check the blobs in worker processes, one per core (`store.collect.workers`: a small blob
    costs Python time, not hashing time, and threads would take turns on the GIL), each large
-   blob alone and small ones in batches, largest first. Full: sha256 of every blob.
+   blob alone and small ones in batches, largest first; meanwhile this process scans the
+   store (manifests, what they name, strays, misnamed blobs). Full: sha256 of every blob.
    Quick: a blob whose stamp (inode, size, mtime, ctime) matches the cache passes, after the
    xxh3 of a sample of it matches too for one of 1 MiB or more; the others get a full check.
 3. The worker that finds a blob corrupt moves it to `.modelfs/quarantine/` by rename at once.
@@ -27,15 +26,15 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TypeVar
 
 import trio
 
 from modelfs.store.collect.gc import GcPolicy
+from modelfs.store.collect.reach import reachable
 from modelfs.store.collect.verify import (
     SAMPLE_PIECE,
     SAMPLE_PIECES,
@@ -53,18 +52,20 @@ from modelfs.store.collect.verify_report import (
     Owner,
     Repair,
     Report,
+    Survey,
     gc_keeps,
+    survey,
 )
-from modelfs.store.collect.workers import Surveyor, Unit, Workers
+from modelfs.store.collect.workers import Unit, Workers
 from modelfs.store.digest import Digest, is_blob_name
 from modelfs.store.layout import Layout
+from modelfs.store.scan import scan_store
 from modelfs.store.units import counted, human_bytes
 from modelfs.sync.client.credentials import Credentials
 from modelfs.sync.client.threads import in_thread, run_unwrapped
 from modelfs.sync.errors import SyncError
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 PROGRESS_EVERY = 10.0  # seconds between progress lines on a long run
 
@@ -149,18 +150,12 @@ def _plan(blobs: list[tuple[str, Stamp]], cache: VerifyCache, quick: bool) -> Pl
     return plan
 
 
-async def _wait(
-    fn: Callable[..., T],
-    plan: Plan | None = None,
-    total: tuple[int, int] = (0, 0),
-    pool: Workers | None = None,
-) -> T:
-    """`fn(stop=...)` in a thread (it waits for worker processes), with a progress line every
-    PROGRESS_EVERY seconds while `pool` checks `plan`; Ctrl-C sets `stop`."""
+async def _check_all(pool: Workers, plan: Plan, total: tuple[int, int]) -> list[Batch]:
+    """Wait for the workers (in a thread, so a scan can run meanwhile)."""
     stop = threading.Event()  # set by in_thread when we are cancelled (Ctrl-C)
 
     async def progress() -> None:
-        while pool is not None and plan is not None:
+        while True:
             await trio.sleep(PROGRESS_EVERY)
             blobs, size = pool.progress()
             log.info(
@@ -173,9 +168,9 @@ async def _wait(
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(progress)
-        result = await in_thread(partial(fn, stop=stop.is_set), stop=stop)
+        results = await in_thread(partial(pool.run, stop=stop.is_set), stop=stop)
         nursery.cancel_scope.cancel()
-    return result
+    return results
 
 
 def _settle(
@@ -184,7 +179,7 @@ def _settle(
     plan: Plan,
     batches: list[Batch],
     cache: VerifyCache,
-    owners_of: Callable[[set[Digest]], dict[Digest, list[Owner]]],
+    found: Survey,
 ) -> None:
     """Fill the report from the checks (corrupt blobs already quarantined), update the cache."""
     new = VerifyCache(layout)
@@ -210,7 +205,7 @@ def _settle(
             if name in cache.samples:
                 new.samples[name] = cache.samples[name]
         problems += batch.problems
-    owners = owners_of(
+    owners = found.owners(
         {Digest(c.name.removeprefix("sha256-")) for c in problems if c.status == "corrupt"}
     )
     for check in sorted(problems, key=lambda c: c.name):
@@ -244,32 +239,39 @@ async def verify(layout: Layout, options: VerifyOptions | None = None) -> Report
     mode = "quick" if options.quick else "full"
     report = Report(layout.root, mode)
 
-    # The survey process is forked first, while this process has no other thread (a fork
-    # copies none, and a lock one held would stay held in the child); it scans the store
-    # while this process lists blobs/ and the workers check them.
-    with Surveyor(layout, fork=options.workers > 1) as looker:
-        blobs = await trio.to_thread.run_sync(_list_blobs, layout)
-        # A full run trusts nothing of the cache: it writes a new one.
-        cache = (
-            await trio.to_thread.run_sync(VerifyCache.load, layout)
-            if options.quick
-            else VerifyCache(layout)
-        )
-        total = (len(blobs), sum(stamp[1] for _, stamp in blobs))
-        log.info(
-            "verifying %d blobs (%s), %s, %d at a time",
-            len(blobs),
-            human_bytes(total[1]),
-            "quick (stat stamps and samples against the last full check)"
-            if options.quick
-            else "full sha256",
-            options.workers,
-        )
-        plan = _plan(blobs, cache, options.quick)
-        with Workers(layout, plan.units, options.workers) as pool:
-            batches = await _wait(partial(pool.run), plan, total, pool)
-        survey_ = await _wait(looker.result)
-        await trio.to_thread.run_sync(_settle, layout, report, plan, batches, cache, looker.owners)
+    blobs = await trio.to_thread.run_sync(_list_blobs, layout)
+    # A full run trusts nothing of the cache: it writes a new one.
+    cache = (
+        await trio.to_thread.run_sync(VerifyCache.load, layout)
+        if options.quick
+        else VerifyCache(layout)
+    )
+    total = (len(blobs), sum(stamp[1] for _, stamp in blobs))
+    log.info(
+        "verifying %d blobs (%s), %s, %d at a time",
+        len(blobs),
+        human_bytes(total[1]),
+        "quick (stat stamps and samples against the last full check)"
+        if options.quick
+        else "full sha256",
+        options.workers,
+    )
+    plan = _plan(blobs, cache, options.quick)
+    found: list[Survey] = []
+
+    async def look() -> None:
+        index = await trio.to_thread.run_sync(scan_store, layout)
+        reach = await trio.to_thread.run_sync(reachable, layout)
+        found.append(survey(index, reach))
+
+    # Forked here, before the scan's thread starts (a fork copies no other thread, and a lock
+    # one held would stay held in the child), and they start at once; the scan runs meanwhile.
+    with Workers(layout, plan.units, options.workers) as pool:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(look)
+            batches = await _check_all(pool, plan, total)
+    [survey_] = found
+    await trio.to_thread.run_sync(_settle, layout, report, plan, batches, cache, survey_)
 
     corrupt = {c.name for c in report.corrupt}
     # A corrupt blob of the wrong size (truncated, zero-length) is fetched at the size its
