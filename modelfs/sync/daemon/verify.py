@@ -59,7 +59,7 @@ from modelfs.store.collect.verify_report import (
 from modelfs.store.collect.workers import Unit, Workers
 from modelfs.store.digest import Digest, is_blob_name
 from modelfs.store.layout import Layout
-from modelfs.store.scan import scan_store
+from modelfs.store.scan import ScanCache, scan_store
 from modelfs.store.units import counted, human_bytes
 from modelfs.sync.client.credentials import Credentials
 from modelfs.sync.client.threads import in_thread, run_unwrapped
@@ -260,7 +260,9 @@ async def verify(layout: Layout, options: VerifyOptions | None = None) -> Report
     found: list[Survey] = []
 
     async def look() -> None:
-        index = await trio.to_thread.run_sync(scan_store, layout)
+        # With the scan index, as `ls` scans: it says which models own which blobs, and this
+        # run checks every blob's bytes itself, so nothing it trusts goes unchecked.
+        index = await trio.to_thread.run_sync(lambda: scan_store(layout, ScanCache.open(layout)))
         reach = await trio.to_thread.run_sync(reachable, layout)
         found.append(survey(index, reach))
 
