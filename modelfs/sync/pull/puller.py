@@ -34,6 +34,7 @@ import trio
 
 from modelfs.runtime.leasing import LiveLease, leased
 from modelfs.store.blobs import BlobStore
+from modelfs.store.collect.reach import reachable
 from modelfs.store.digest import Digest
 from modelfs.store.errors import ManifestError, StoreError
 from modelfs.store.formats.artifacts import check_artifact, land
@@ -212,13 +213,19 @@ class Puller:
 
     def _discard(self, digests: list[Digest], keeper: LeaseKeeper) -> None:
         """Remove blobs this pull fetched that nothing else holds: no other pull of this
-        process (a daemon's share one lease) and no other process's lease."""
+        process (a daemon's share one lease), no other process's lease, and no manifest. A
+        pull elsewhere that found one of them here meanwhile named it in its manifest and
+        dropped its lease: the leases are read first, then the manifests, so that such a
+        pull is seen in one or the other (as GC reads them, docs/architecture.md)."""
         others: set[Digest] = set()
         for held in read_leases(self.layout).live:
             if not keeper.mine(held):
                 others |= held.digests
+        reach = reachable(self.layout)
+        if not reach.complete:
+            return  # a manifest unread may name any of them: GC decides later
         for d in digests:
-            if keeper.holds(d) <= 1 and d not in others:
+            if keeper.holds(d) <= 1 and d not in others and d.blob_name not in reach.blob_names:
                 with contextlib.suppress(FileNotFoundError):
                     self.layout.blob(d).unlink()
 

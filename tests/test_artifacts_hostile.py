@@ -1,0 +1,126 @@
+"""Artifacts pulled while something else happens to the store: another pull landing the same
+blob while a refused artifact's pull is still fetching. A real docker-registry, pushed to by
+skopeo (tests/artifacts.py), and a forwarding server on loopback in front of it that holds one
+blob's GET until the test lets it go.
+"""
+
+from __future__ import annotations
+
+import http.client
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from modelfs.store.layout import Layout
+from modelfs.store.names import parse_name
+from tests.artifacts import FP, MP, MP_ARTIFACT, desc, modelpack_config, push_layout, sha, shards
+from tests.registry import Registry
+from tests.test_artifacts import (  # noqa: F401 - pytestmark: the same needs
+    pytestmark,
+    registry,
+    store_manifest,
+)
+from tests.test_artifacts_safetensors import bad_tar, blob_path
+from tests.test_registries import MODELFS, error_line, pull
+
+_HOP = {"connection", "transfer-encoding", "keep-alive"}
+
+
+@contextmanager
+def gate(upstream: Registry, held: str) -> Iterator[tuple[str, threading.Event]]:
+    """A server forwarding every request to `upstream`; a GET of blob `held` waits until the
+    event is set. Its URL and the event."""
+    release = threading.Event()
+    host, port = upstream.address.split(":")
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+        def _forward(self, method: str) -> None:
+            if method == "GET" and self.path.endswith(f"/blobs/{held}"):
+                release.wait(60)
+            conn = http.client.HTTPConnection(host, int(port), timeout=60)
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
+            conn.request(method, self.path, headers=headers)
+            resp = conn.getresponse()
+            body = resp.read()
+            self.send_response(resp.status)
+            for k, v in resp.getheaders():
+                if k.lower() not in (*_HOP, "content-length"):
+                    self.send_header(k, v)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if method != "HEAD":
+                self.wfile.write(body)
+            conn.close()
+
+        def do_GET(self) -> None:
+            self._forward("GET")
+
+        def do_HEAD(self) -> None:
+            self._forward("HEAD")
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", release
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_refused_artifact_leaves_a_blob_another_pull_landed_meanwhile(
+    registry: Registry,  # noqa: F811 - the fixture
+    tmp_path: Path,
+) -> None:
+    """Pull A fetches an artifact whose weight tar is refused (it holds a symlink); while its
+    tar is still on the way, pull B lands another model naming A's shard, which it finds
+    here and so does not fetch. A's refusal then removes what it fetched, but not the shard,
+    which B's manifest names now (the old code removed it: B's model lost its weights)."""
+    shard = shards()[0][2]
+    weight = (desc(MP + "weight.v1.raw", shard, **{FP: "model.safetensors"}), shard)
+    tar = bad_tar("symlink")
+    bad = [weight, (desc(MP + "weight.v1.tar", tar), tar)]
+    push_layout(registry, tmp_path, "ghcr.io/kit/bad:v1", modelpack_config(bad), bad, MP_ARTIFACT)
+    good = [weight]
+    push_layout(
+        registry, tmp_path, "ghcr.io/kit/good:v1", modelpack_config(good), good, MP_ARTIFACT
+    )
+    store = tmp_path / "store"
+    store.mkdir()
+    with gate(registry, sha(tar)) as (url, release):
+        a = subprocess.Popen(
+            [MODELFS, "pull", "--store", str(store), "ghcr.io/kit/bad:v1", "--from", url],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while not blob_path(store, sha(shard)).exists():
+                assert a.poll() is None and time.monotonic() < deadline, a.communicate()
+                time.sleep(0.05)
+            b = pull(store, registry.url, "ghcr.io/kit/good:v1")
+            assert b.returncode == 0, b.stderr
+            release.set()
+            _, err = a.communicate(timeout=60)
+        finally:
+            if a.poll() is None:
+                a.kill()
+                a.wait()
+    assert a.returncode == 1
+    assert "is a symlink" in error_line(err), err
+    doc = store_manifest(store, "ghcr.io/kit/good:v1")
+    for ref in [doc["config"], *doc["layers"]]:
+        assert blob_path(store, ref["digest"]).stat().st_size == ref["size"], ref
+    assert not blob_path(store, sha(tar)).exists()  # what only A wanted went again
+    assert Layout(store).legacy_manifest(parse_name("ghcr.io/kit/good:v1")).exists()
