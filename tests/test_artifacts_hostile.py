@@ -1,5 +1,6 @@
 """Artifacts pulled while something else happens to the store: another pull landing the same
-blob while a refused artifact's pull is still fetching. A real docker-registry, pushed to by
+blob while a refused artifact's pull is still fetching; and files an artifact names that are
+no plain path. A real docker-registry, pushed to by
 skopeo (tests/artifacts.py), and a forwarding server on loopback in front of it that holds one
 blob's GET until the test lets it go.
 """
@@ -15,11 +16,14 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import pytest
+
 from modelfs.store.layout import Layout
 from modelfs.store.names import parse_name
 from tests.artifacts import FP, MP, MP_ARTIFACT, desc, modelpack_config, push_layout, sha, shards
 from tests.registry import Registry
 from tests.test_artifacts import (  # noqa: F401 - pytestmark: the same needs
+    assert_nothing_written,
     pytestmark,
     registry,
     store_manifest,
@@ -124,3 +128,32 @@ def test_a_refused_artifact_leaves_a_blob_another_pull_landed_meanwhile(
         assert blob_path(store, ref["digest"]).stat().st_size == ref["size"], ref
     assert not blob_path(store, sha(tar)).exists()  # what only A wanted went again
     assert Layout(store).legacy_manifest(parse_name("ghcr.io/kit/good:v1")).exists()
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["../../model.safetensors", "/etc/model.safetensors", "a/./model.safetensors", "a\nb.json"],
+)
+def test_a_filepath_annotation_that_is_no_plain_path_is_refused(
+    registry: Registry,  # noqa: F811 - the fixture
+    tmp_path: Path,
+    path: str,
+) -> None:
+    """A raw layer's `org.cncf.model.filepath` names the file as a tar member's name does, and
+    is held to the same rule: a path out of the model's directory (or with a control
+    character) is one line, nothing left (the old code named a tensor or json layer by it)."""
+    shard = shards()[0][2]
+    name = "model.safetensors" if path.endswith(".json") else path
+    layers = [(desc(MP + "weight.v1.raw", shard, **{FP: name}), shard)]
+    if path.endswith(".json"):
+        cfg = b'{"model_type": "llama"}'
+        layers.append((desc(MP + "weight.config.v1.raw", cfg, **{FP: path}), cfg))
+    push_layout(
+        registry, tmp_path, "ghcr.io/kit/path:v1", modelpack_config(layers), layers, MP_ARTIFACT
+    )
+    store = tmp_path / "store"
+    r = pull(store, registry.url, "ghcr.io/kit/path:v1")
+    assert r.returncode == 1, r.stderr
+    assert "is not a plain relative path" in error_line(r.stderr), r.stderr
+    assert "Traceback" not in r.stderr
+    assert_nothing_written(store)

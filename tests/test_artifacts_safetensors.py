@@ -248,6 +248,8 @@ def bad_tar(case: str) -> bytes:
         return pax_tar([b"9" * 60_000 + b" "], "model.safetensors", data)
     if case == "pax-chain":  # one recursion per header: a RecursionError
         return pax_tar([b"26 path=model.safetensors\n"] * 2000, "model.safetensors", data)
+    if case == "non-utf8":  # tarfile gives the byte as a lone surrogate
+        return pax_tar([b"27 path=model\xff.safetensors\n"], "model.safetensors", data)
     if case == "long-header":  # read whole into memory, however big
         return pax_tar([b"m" * (128 << 10)], "x", data, tarfile.GNUTYPE_LONGNAME)
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
@@ -296,6 +298,7 @@ BAD = {
     "pax-digits": "a PAX header that is not PAX records",
     "pax-chain": "more than 8 extended headers in a row",
     "long-header": "an extended header of 131072 bytes",
+    "non-utf8": "not a plain relative path",
 }
 
 

@@ -61,7 +61,7 @@ from typing import Any, BinaryIO
 from modelfs.store.blobs import BlobStore
 from modelfs.store.digest import Digest
 from modelfs.store.errors import ManifestError, SafetensorsError
-from modelfs.store.formats.oci_tar import TarMember, TarSlice, tar_members
+from modelfs.store.formats.oci_tar import TarMember, TarSlice, plain_path, tar_members
 from modelfs.store.formats.safetensors import read_safetensors_header
 from modelfs.store.layout import Layout
 from modelfs.store.manifest import (
@@ -267,9 +267,12 @@ def _modelpack_facts(cfg: dict[str, Any]) -> _Facts:
     )
 
 
-def _filepath(layer_obj: dict[str, Any]) -> str:
+def _filepath(layer_obj: dict[str, Any], what: str) -> str:
+    """The file a raw layer is, by its annotation: held to a tar member's rule (it names a
+    tensor or json layer, which the mount and other tools make a file of)."""
     ann = layer_obj.get("annotations")
-    return _text(ann, ANNOTATION_FILEPATH) if isinstance(ann, dict) else ""
+    path = _text(ann, ANNOTATION_FILEPATH) if isinstance(ann, dict) else ""
+    return plain_path(path, f"{what}: filepath") if path else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -377,7 +380,8 @@ def _files(
     for i, (layer, obj) in enumerate(zip(manifest.layers, layers_obj, strict=True)):
         unpacked = _unpacked_type(kind, layer.media_type)
         if unpacked is None:
-            files.append(_File(i, layer.media_type, _filepath(obj), layer.size, layer.digest))
+            path = _filepath(obj, what)
+            files.append(_File(i, layer.media_type, path, layer.size, layer.digest))
             continue
         blob = store.layout.blob(layer.digest)
         label = f"{what}: tar layer {layer.digest.short}"

@@ -5,6 +5,7 @@ read without unpacking anything: each regular file's name, size and where its by
 the tar, so that a landing copies them into blobs of their own and keeps the tar as it came.
 
     tar_members(path, what) -> [TarMember]     (UnsafeTarError)
+    plain_path(name, what) -> name               (UnsafeTarError)
 
 A tar is a list of names someone else chose: one that could write outside a model's directory
 (absolute, `..`), name one file twice, link, or make a device, a FIFO or a sparse file, and one
@@ -44,6 +45,7 @@ _LONG = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK)
 # number a record holds (a length, size, time, id) has more digits than this.
 _RECORD_HEAD = re.compile(rb"([0-9]{1,20}) [^=\n]+=")
 _LONG_DIGITS = re.compile(rb"[0-9]{65}")
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff]")
 
 
 class UnsafeTarError(ManifestError):
@@ -118,17 +120,21 @@ def _kind(info: tarfile.TarInfo) -> str:
     return f"of tar type {info.type!r}"
 
 
-def _clean(name: str, what: str) -> str:
-    """`name` as a relative path inside the model's directory; refused if it could leave it."""
+def plain_path(name: str, what: str) -> str:
+    """`name` (a tar member's, a filepath annotation's) as a relative path inside the model's
+    directory; refused if it could leave it, or holds a control character or bytes that are no
+    UTF-8 (tarfile gives those as lone surrogates; two such names would read alike once
+    written as JSON, where each is U+FFFD)."""
     trimmed = name.removeprefix("./").rstrip("/")
     parts = trimmed.split("/")
     if (
         not trimmed
         or len(name) > MAX_NAME
         or name.startswith("/")
-        or any(p in ("", ".", "..") or "\\" in p or "\x00" in p for p in parts)
+        or any(p in ("", ".", "..") or "\\" in p for p in parts)
+        or _UNPRINTABLE.search(name)
     ):
-        raise UnsafeTarError(f"{what}: member {name!r} is not a plain relative path; refused")
+        raise UnsafeTarError(f"{what}: {name!r} is not a plain relative path; refused")
     return trimmed
 
 
@@ -146,7 +152,7 @@ def tar_members(path: Path, what: str) -> list[TarMember]:
                 count += 1
                 if count > MAX_MEMBERS:
                     raise UnsafeTarError(f"{what}: more than {MAX_MEMBERS} members; refused")
-                name = _clean(info.name, what)
+                name = plain_path(info.name, f"{what}: member")
                 if info.size < 0:  # a PAX `size` record, applied after _CheckedInfo saw it
                     raise UnsafeTarError(f"{what}: member {name!r} has a negative size; refused")
                 if info.isdir():
