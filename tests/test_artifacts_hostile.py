@@ -8,6 +8,7 @@ blob's GET until the test lets it go.
 from __future__ import annotations
 
 import http.client
+import shutil
 import subprocess
 import threading
 import time
@@ -16,11 +17,24 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import numpy as np
 import pytest
+from safetensors.numpy import save
 
 from modelfs.store.layout import Layout
 from modelfs.store.names import parse_name
-from tests.artifacts import FP, MP, MP_ARTIFACT, desc, modelpack_config, push_layout, sha, shards
+from tests.artifacts import (
+    FP,
+    MP,
+    MP_ARTIFACT,
+    desc,
+    modelpack_config,
+    push_layout,
+    sha,
+    shards,
+    tar_of,
+)
+from tests.conftest import tmpfs
 from tests.registry import Registry
 from tests.test_artifacts import (  # noqa: F401 - pytestmark: the same needs
     assert_nothing_written,
@@ -157,3 +171,36 @@ def test_a_filepath_annotation_that_is_no_plain_path_is_refused(
     assert "is not a plain relative path" in error_line(r.stderr), r.stderr
     assert "Traceback" not in r.stderr
     assert_nothing_written(store)
+
+
+def test_a_disk_that_fills_while_a_tar_is_copied_out_is_one_line_naming_the_store(
+    registry: Registry,  # noqa: F811 - the fixture
+    tmp_path: Path,
+) -> None:
+    """The tar layer fits, its member copied out does not: one line naming the model and the
+    store (the old code said only "No space left on device"), no manifest, no temp file; the
+    fetched tar stays, so a pull with room lands it without fetching it again."""
+    weights = np.random.default_rng(1).standard_normal((512, 512)).astype(np.float32)
+    shard = save({"w": weights})  # 1 MiB
+    t = tar_of([("model.safetensors", shard)])
+    layers = [(desc(MP + "weight.v1.tar", t), t)]
+    name = "ghcr.io/kit/full:v1"
+    push_layout(registry, tmp_path, name, modelpack_config(layers), layers, MP_ARTIFACT)
+    with tmpfs(tmp_path / "small", "1600k") as mnt:
+        store = mnt / "store"
+        r = pull(store, registry.url, name)
+        assert r.returncode == 1, r.stderr
+        line = error_line(r.stderr)
+        assert f"no space left on device for the files of {name} in the store {store}" in line
+        assert not Layout(store).legacy_manifest(parse_name(name)).exists()
+        assert not list((store / ".modelfs" / "tmp").iterdir())
+        assert blob_path(store, sha(t)).exists()
+        gets = len([uri for method, uri in registry.requests() if "/blobs/" in uri])
+        roomy = tmp_path / "roomy"
+        (roomy / "blobs").mkdir(parents=True)
+        shutil.copyfile(blob_path(store, sha(t)), blob_path(roomy, sha(t)))  # more room
+    store = roomy
+    r = pull(store, registry.url, name)
+    assert r.returncode == 0, r.stderr
+    assert store_manifest(store, name)["layers"][0]["digest"] == sha(shard)
+    assert len([uri for method, uri in registry.requests() if "/blobs/" in uri]) == gets + 1

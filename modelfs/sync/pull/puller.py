@@ -202,6 +202,10 @@ class Puller:
                     # pull fetched for it goes again, as if never asked for.
                     await trio.to_thread.run_sync(self._discard, fetched_here, lease.keeper)
                     raise
+                except OSError as exc:
+                    # A full disk while the tar's members are copied out: the fetched blobs
+                    # stay (a pull with room lands them without fetching), nothing is named.
+                    raise local_error(exc, self.layout, f"the files of {label}") from None
                 written = await trio.to_thread.run_sync(
                     self.manifests.write_manifest, name, raw, had_v2
                 )
