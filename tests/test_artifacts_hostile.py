@@ -8,6 +8,7 @@ blob's GET until the test lets it go.
 from __future__ import annotations
 
 import http.client
+import json
 import shutil
 import subprocess
 import threading
@@ -24,6 +25,7 @@ from safetensors.numpy import save
 from modelfs.store.layout import Layout
 from modelfs.store.names import parse_name
 from tests.artifacts import (
+    DMR_CONFIG,
     FP,
     MP,
     MP_ARTIFACT,
@@ -204,3 +206,26 @@ def test_a_disk_that_fills_while_a_tar_is_copied_out_is_one_line_naming_the_stor
     assert r.returncode == 0, r.stderr
     assert store_manifest(store, name)["layers"][0]["digest"] == sha(shard)
     assert len([uri for method, uri in registry.requests() if "/blobs/" in uri]) == gets + 1
+
+
+@pytest.mark.parametrize("context", [1 << 31, 10**30, 0, -4096, "4096", 4096.5, True])
+def test_a_context_size_docker_model_runner_would_not_read_is_no_params_layer(
+    registry: Registry,  # noqa: F811 - the fixture
+    tmp_path: Path,
+    context: object,
+) -> None:
+    """Docker Model Runner's context_size is an int32 (docker/model-runner@1d14f67b
+    pkg/distribution/types/config.go): a larger number, a negative one, a string, a float or
+    a bool in it becomes no `num_ctx` (the old code wrote 2**31 and 10**30 as they were); the
+    model lands without a params layer, as one without a context size does."""
+    gguf = b"GGUF" + bytes(60)
+    layers = [(desc("application/vnd.docker.ai.gguf.v3", gguf), gguf)]
+    cfg = {"config": {"format": "gguf", "context_size": context}, "descriptor": {}}
+    cfg["rootfs"] = {"type": "rootfs", "diff_ids": [sha(gguf)]}
+    name = "docker.io/ai/ctx:v1"
+    push_layout(registry, tmp_path, name, (DMR_CONFIG, json.dumps(cfg).encode()), layers)
+    store = tmp_path / "store"
+    r = pull(store, registry.url, name)
+    assert r.returncode == 0, r.stderr
+    media = [x["mediaType"] for x in store_manifest(store, name)["layers"]]
+    assert "application/vnd.ollama.image.params" not in media

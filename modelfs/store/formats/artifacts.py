@@ -238,16 +238,23 @@ class _Facts:
     context: int | None
 
 
+# Docker Model Runner's `context_size` is a Go *int32 (types/config.go Config.ContextSize): a
+# number past it is no context size that tool wrote or would read, and as Ollama's num_ctx it
+# would be a KV cache no host can allocate (or, past int64, a Go conversion's garbage).
+_MAX_CONTEXT = (1 << 31) - 1
+
+
 def _dmr_facts(cfg: dict[str, Any]) -> _Facts:
     inner = cfg.get("config")
     inner = inner if isinstance(inner, dict) else {}
     ctx = inner.get("context_size")
+    usable = isinstance(ctx, int) and not isinstance(ctx, bool) and 0 < ctx <= _MAX_CONTEXT
     return _Facts(
         _text(inner, "format"),
         _text(inner, "architecture"),
         _text(inner, "parameters"),
         _text(inner, "quantization"),
-        ctx if isinstance(ctx, int) and not isinstance(ctx, bool) and ctx > 0 else None,
+        ctx if usable else None,
     )
 
 
