@@ -48,6 +48,7 @@ from tests.test_artifacts_safetensors import bad_tar, blob_path
 from tests.test_registries import MODELFS, error_line, pull
 
 _HOP = {"connection", "transfer-encoding", "keep-alive"}
+OLLAMA_MODEL = "application/vnd.ollama.image.model"
 
 
 @contextmanager
@@ -229,3 +230,40 @@ def test_a_context_size_docker_model_runner_would_not_read_is_no_params_layer(
     assert r.returncode == 0, r.stderr
     media = [x["mediaType"] for x in store_manifest(store, name)["layers"]]
     assert "application/vnd.ollama.image.params" not in media
+
+
+def test_a_carried_ollama_manifest_naming_another_size_is_not_taken(
+    registry: Registry,  # noqa: F811 - the fixture
+    tmp_path: Path,
+) -> None:
+    """An artifact carrying an Ollama manifest (as `push --format` packs one) whose layer
+    names the GGUF's digest with another size: that manifest names a blob that is not here,
+    so the artifact is landed from its own layers instead; every blob the landed manifest
+    names is here at its size (the old code wrote the carried manifest as it was)."""
+    gguf = b"GGUF" + bytes(60)
+    ollama_cfg = b'{"model_format":"gguf","architecture":"amd64","os":"linux"}'
+    inner = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+        "config": desc("application/vnd.docker.container.image.v1+json", ollama_cfg),
+        "layers": [
+            {"mediaType": OLLAMA_MODEL, "digest": sha(gguf), "size": len(gguf) + 4096},
+        ],
+    }
+    carried = json.dumps(inner).encode()
+    layers = [
+        (desc("application/vnd.docker.ai.gguf.v3", gguf), gguf),
+        (desc("application/vnd.docker.container.image.v1+json", ollama_cfg), ollama_cfg),
+        (desc("application/vnd.docker.distribution.manifest.v2+json", carried), carried),
+    ]
+    cfg = {"config": {"format": "gguf"}, "descriptor": {}}
+    cfg["rootfs"] = {"type": "rootfs", "diff_ids": [sha(d) for _, d in layers]}
+    name = "docker.io/ai/carried:v1"
+    push_layout(registry, tmp_path, name, (DMR_CONFIG, json.dumps(cfg).encode()), layers)
+    store = tmp_path / "store"
+    r = pull(store, registry.url, name)
+    assert r.returncode == 0, r.stderr
+    doc = store_manifest(store, name)
+    for ref in [doc["config"], *doc["layers"]]:
+        assert blob_path(store, ref["digest"]).stat().st_size == ref["size"], ref
+    assert [x["size"] for x in doc["layers"] if x["mediaType"] == OLLAMA_MODEL] == [len(gguf)]

@@ -551,10 +551,13 @@ def _embedded(store: BlobStore, manifest: Manifest) -> bytes | None:
         inner = parse_manifest(raw, f"blob {carried[0].digest}")
     except ManifestError:
         return None
-    present = {x.digest for x in manifest.layers}
-    if not isinstance(inner, Manifest) or not set(inner.blob_sizes()) <= present:
+    if not isinstance(inner, Manifest):
         return None
-    return raw
+    # Each blob by digest and size: the pull fetched and checked the artifact's sizes, and a
+    # manifest naming another size would name a blob that is not here.
+    present = {(x.digest, x.size) for x in manifest.layers}
+    refs = [inner.config, *inner.layers] if inner.config is not None else inner.layers
+    return raw if all((x.digest, x.size) in present for x in refs) else None
 
 
 @dataclass(frozen=True, slots=True)
