@@ -52,9 +52,12 @@ OLLAMA_MODEL = "application/vnd.ollama.image.model"
 
 
 @contextmanager
-def gate(upstream: Registry, held: str) -> Iterator[tuple[str, threading.Event]]:
+def gate(
+    upstream: Registry, held: str = "", manifests: dict[str, bytes] | None = None
+) -> Iterator[tuple[str, threading.Event]]:
     """A server forwarding every request to `upstream`; a GET of blob `held` waits until the
-    event is set. Its URL and the event."""
+    event is set, and a manifest path of `manifests` is answered with those bytes instead.
+    Its URL and the event."""
     release = threading.Event()
     host, port = upstream.address.split(":")
 
@@ -65,7 +68,17 @@ def gate(upstream: Registry, held: str) -> Iterator[tuple[str, threading.Event]]
             pass
 
         def _forward(self, method: str) -> None:
-            if method == "GET" and self.path.endswith(f"/blobs/{held}"):
+            own = (manifests or {}).get(self.path)
+            if own is not None:
+                self.send_response(200)
+                self.send_header("Content-Type", json.loads(own)["mediaType"])
+                self.send_header("Docker-Content-Digest", sha(own))
+                self.send_header("Content-Length", str(len(own)))
+                self.end_headers()
+                if method != "HEAD":
+                    self.wfile.write(own)
+                return
+            if held and method == "GET" and self.path.endswith(f"/blobs/{held}"):
                 release.wait(60)
             conn = http.client.HTTPConnection(host, int(port), timeout=60)
             headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
@@ -267,3 +280,32 @@ def test_a_carried_ollama_manifest_naming_another_size_is_not_taken(
     for ref in [doc["config"], *doc["layers"]]:
         assert blob_path(store, ref["digest"]).stat().st_size == ref["size"], ref
     assert [x["size"] for x in doc["layers"] if x["mediaType"] == OLLAMA_MODEL] == [len(gguf)]
+
+
+def test_a_manifest_naming_one_blob_at_two_sizes_is_refused_before_any_fetch(
+    registry: Registry,  # noqa: F811 - the fixture
+    tmp_path: Path,
+) -> None:
+    """A registry's manifest naming the GGUF's digest again, for its license, at another size:
+    fetched at one size, the landed manifest would name it at the other, a blob never here.
+    One line naming the blob, no blob fetched, nothing written (the old code wrote it)."""
+    gguf = b"GGUF" + bytes(60)
+    layers = [(desc("application/vnd.docker.ai.gguf.v3", gguf), gguf)]
+    cfg = {"config": {"format": "gguf"}, "descriptor": {}, "rootfs": {"type": "rootfs"}}
+    config = (DMR_CONFIG, json.dumps(cfg).encode())
+    name = "docker.io/ai/twice:v1"
+    push_layout(registry, tmp_path, name, config, layers)
+    twice = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json"}
+    twice["config"] = desc(*config)
+    license_ = desc("application/vnd.docker.ai.license", gguf) | {"size": len(gguf) + 100}
+    twice["layers"] = [layers[0][0], license_]
+    raw = json.dumps(twice).encode()
+    before = len([uri for _, uri in registry.requests() if "/blobs/" in uri])
+    paths = {f"/v2/{repo}/manifests/v1": raw for repo in ("ai/twice", "docker.io/ai/twice")}
+    with gate(registry, manifests=paths) as (url, _):
+        store = tmp_path / "store"
+        r = pull(store, url, name)
+    assert r.returncode == 1, r.stderr
+    assert f"names blob {sha(gguf)} with two sizes" in error_line(r.stderr), r.stderr
+    assert len([uri for _, uri in registry.requests() if "/blobs/" in uri]) == before
+    assert_nothing_written(store)

@@ -49,6 +49,7 @@ from modelfs.sync.client.threads import run_unwrapped
 from modelfs.sync.errors import (
     LocalWriteError,
     PeerError,
+    PeerLiedError,
     PeerNotFoundError,
     SyncError,
     local_error,
@@ -166,8 +167,15 @@ class Puller:
         # Every blob once, config first, in manifest order.
         blobs: dict[Digest, int] = {}
         for m in manifests:
-            for digest, size in m.blob_sizes().items():
-                blobs.setdefault(digest, size)
+            refs = [m.config, *m.layers] if m.config is not None else m.layers
+            for ref in refs:
+                # One blob, two sizes: fetched at one, the manifest would name it at the
+                # other, a blob that is never here.
+                if blobs.setdefault(ref.digest, ref.size) != ref.size:
+                    raise PeerLiedError(
+                        f"{top.url}: {label} names blob {ref.digest} with two sizes "
+                        f"({blobs[ref.digest]} and {ref.size} bytes)"
+                    )
         # Leased (on disk) before any blob is judged present or fetched, until the manifest
         # names them: a GC on any host leaves them alone meanwhile (GC invariant 3,
         # docs/architecture.md).
