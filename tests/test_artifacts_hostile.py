@@ -1,8 +1,10 @@
-"""Artifacts pulled while something else happens to the store: another pull landing the same
-blob while a refused artifact's pull is still fetching; and files an artifact names that are
-no plain path. A real docker-registry, pushed to by
-skopeo (tests/artifacts.py), and a forwarding server on loopback in front of it that holds one
-blob's GET until the test lets it go.
+"""Artifacts from a hostile or broken registry, and pulled while something else happens to
+the store: another pull landing a blob a refused artifact's pull fetched; files an artifact
+names that are no plain path; a disk that fills while a tar's members are copied out; a
+context size Docker Model Runner would not read; a carried Ollama manifest, or the registry's
+manifest, naming a blob at a size it does not have. A real docker-registry, pushed to by
+skopeo (tests/artifacts.py), and where a pull must be held in the middle or a manifest no
+client would push served, a forwarding server on loopback in front of it.
 """
 
 from __future__ import annotations
