@@ -55,10 +55,10 @@ OLLAMA_MODEL = "application/vnd.ollama.image.model"
 
 @contextmanager
 def gate(
-    upstream: Registry, held: str = "", manifests: dict[str, bytes] | None = None
+    upstream: Registry, held: str = "", served: dict[str, tuple[str, bytes]] | None = None
 ) -> Iterator[tuple[str, threading.Event]]:
     """A server forwarding every request to `upstream`; a GET of blob `held` waits until the
-    event is set, and a manifest path of `manifests` is answered with those bytes instead.
+    event is set, and a path of `served` is answered with its media type and bytes instead.
     Its URL and the event."""
     release = threading.Event()
     host, port = upstream.address.split(":")
@@ -70,10 +70,10 @@ def gate(
             pass
 
         def _forward(self, method: str) -> None:
-            own = (manifests or {}).get(self.path)
-            if own is not None:
+            media, own = (served or {}).get(self.path, ("", b""))
+            if media:
                 self.send_response(200)
-                self.send_header("Content-Type", json.loads(own)["mediaType"])
+                self.send_header("Content-Type", media)
                 self.send_header("Docker-Content-Digest", sha(own))
                 self.send_header("Content-Length", str(len(own)))
                 self.end_headers()
@@ -303,11 +303,44 @@ def test_a_manifest_naming_one_blob_at_two_sizes_is_refused_before_any_fetch(
     twice["layers"] = [layers[0][0], license_]
     raw = json.dumps(twice).encode()
     before = len([uri for _, uri in registry.requests() if "/blobs/" in uri])
-    paths = {f"/v2/{repo}/manifests/v1": raw for repo in ("ai/twice", "docker.io/ai/twice")}
-    with gate(registry, manifests=paths) as (url, _):
+    repos = ("ai/twice", "docker.io/ai/twice")
+    paths = {f"/v2/{repo}/manifests/v1": (twice["mediaType"], raw) for repo in repos}
+    with gate(registry, served=paths) as (url, _):
         store = tmp_path / "store"
         r = pull(store, url, name)
     assert r.returncode == 1, r.stderr
     assert f"names blob {sha(gguf)} with two sizes" in error_line(r.stderr), r.stderr
+    assert len([uri for _, uri in registry.requests() if "/blobs/" in uri]) == before
+    assert_nothing_written(store)
+
+
+def test_a_config_larger_than_any_is_refused_before_any_fetch(
+    registry: Registry,  # noqa: F811 - the fixture
+    tmp_path: Path,
+) -> None:
+    """A config of 5 MiB (valid JSON, padded; skopeo will not push one, so a forwarding server
+    serves the manifest and the config): landing reads it whole, so it is refused from the
+    manifest alone, no blob fetched (the old code fetched it, read it into memory and then
+    refused it; a registry's config of gigabytes would fill the disk and the memory first)."""
+    gguf = b"GGUF" + bytes(60)
+    layers = [(desc("application/vnd.docker.ai.gguf.v3", gguf), gguf)]
+    small = json.dumps({"config": {"format": "gguf"}}).encode()
+    name = "docker.io/ai/bigcfg:v1"
+    push_layout(registry, tmp_path, name, (DMR_CONFIG, small), layers)
+    cfg = small + b" " * (5 << 20)
+    doc = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json"}
+    doc |= {"config": desc(DMR_CONFIG, cfg), "layers": [layers[0][0]]}
+    served: dict[str, tuple[str, bytes]] = {}
+    for repo in ("ai/bigcfg", "docker.io/ai/bigcfg"):
+        served[f"/v2/{repo}/manifests/v1"] = (doc["mediaType"], json.dumps(doc).encode())
+        served[f"/v2/{repo}/blobs/{sha(cfg)}"] = ("application/octet-stream", cfg)
+    before = len([uri for _, uri in registry.requests() if "/blobs/" in uri])
+    store = tmp_path / "store"
+    with gate(registry, served=served) as (url, _):
+        r = pull(store, url, name)
+    assert r.returncode == 1, r.stderr
+    assert f"a config of {len(cfg)} bytes, more than a model's config can be" in error_line(
+        r.stderr
+    ), r.stderr
     assert len([uri for _, uri in registry.requests() if "/blobs/" in uri]) == before
     assert_nothing_written(store)

@@ -65,6 +65,7 @@ from modelfs.store.formats.oci_tar import TarMember, TarSlice, plain_path, tar_m
 from modelfs.store.formats.safetensors import read_safetensors_header
 from modelfs.store.layout import Layout
 from modelfs.store.manifest import (
+    MAX_CONFIG_BYTES,
     MEDIA_CONFIG,
     MEDIA_MANIFEST,
     MEDIA_OCI_MANIFEST,
@@ -190,12 +191,18 @@ _COMPRESSED_WEIGHTS = frozenset(
 
 def check_artifact(manifest: Manifest) -> str:
     """`artifact_kind`, and for another tool's artifact the refusals its manifest alone
-    decides (before anything is fetched): compressed weight tars, a GGUF in shards, a Docker
-    Model Runner model with neither GGUF nor safetensors weights."""
+    decides (before anything is fetched): a config larger than any, compressed weight tars, a
+    GGUF in shards, a Docker Model Runner model with neither GGUF nor safetensors weights."""
     kind = artifact_kind(manifest)
     if kind == OLLAMA:
         return kind
     what = f"{kind} artifact {manifest.digest.short}"
+    if manifest.config is not None and manifest.config.size > MAX_CONFIG_BYTES:
+        # `land` reads it whole: refused now, not once gigabytes are on disk and in memory.
+        raise UnsupportedArtifactError(
+            f"{what}: a config of {manifest.config.size} bytes, more than a model's config can "
+            f"be ({MAX_CONFIG_BYTES}); refused"
+        )
     for layer in manifest.layers:
         if layer.media_type in _COMPRESSED_WEIGHTS:
             raise UnsupportedArtifactError(
