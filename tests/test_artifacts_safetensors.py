@@ -248,6 +248,8 @@ def bad_tar(case: str) -> bytes:
         return pax_tar([b"9" * 60_000 + b" "], "model.safetensors", data)
     if case == "pax-chain":  # one recursion per header: a RecursionError
         return pax_tar([b"26 path=model.safetensors\n"] * 2000, "model.safetensors", data)
+    if case == "sparse-map":  # tarfile parses it with int(): a ValueError
+        return pax_tar([b"22 GNU.sparse.map=a,b\n"], "model.safetensors", data)
     if case == "non-utf8":  # tarfile gives the byte as a lone surrogate
         return pax_tar([b"27 path=model\xff.safetensors\n"], "model.safetensors", data)
     if case == "long-header":  # read whole into memory, however big
@@ -299,6 +301,7 @@ BAD = {
     "pax-chain": "more than 8 extended headers in a row",
     "long-header": "an extended header of 131072 bytes",
     "non-utf8": "not a plain relative path",
+    "sparse-map": "a GNU sparse file's PAX header",
 }
 
 

@@ -15,8 +15,9 @@ Its headers are someone else's too, and the stdlib reads them trustingly: a PAX 
 (taken as it is by Python before 3.11.13), a PAX header of long digit runs (parsed with
 backtracking regular expressions, quadratic in its length, before 3.11.10: CVE-2024-6232), an
 extended header of gigabytes (read whole into memory) or a chain of thousands of them (one
-recursion each) would make a member that reads past its end, an hour's CPU, an OOM or a
-RecursionError. `_CheckedInfo` refuses each before tarfile parses it.
+recursion each) would make a member that reads past its end, an hour's CPU, an OOM, a
+RecursionError, or (a GNU sparse map that is no numbers) a ValueError. `_CheckedInfo`
+refuses each before tarfile parses it.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ _LONG = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK)
 # number a record holds (a length, size, time, id) has more digits than this.
 _RECORD_HEAD = re.compile(rb"([0-9]{1,20}) [^=\n]+=")
 _LONG_DIGITS = re.compile(rb"[0-9]{65}")
+_SPARSE = re.compile(rb"(?:^|\n)[0-9]+ GNU\.sparse\.")
 _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff]")
 
 
@@ -103,6 +105,9 @@ class _CheckedInfo(tarfile.TarInfo):
             tar.fileobj.seek(start)
             if not _pax_ok(body):
                 raise _BadHeader("a PAX header that is not PAX records")
+            # Sparse files are refused anyway; their maps are parsed with bare int() calls.
+            if _SPARSE.search(body):
+                raise _BadHeader("a GNU sparse file's PAX header")
         return super()._proc_member(tar)  # type: ignore[misc, no-any-return]
 
 
@@ -169,7 +174,7 @@ def tar_members(path: Path, what: str) -> list[TarMember]:
                 files[name] = TarMember(name, info.offset_data, info.size)
     except _BadHeader as exc:
         raise UnsafeTarError(f"{what}: {exc}; refused") from None
-    except (tarfile.TarError, EOFError) as exc:
+    except (tarfile.TarError, EOFError, ValueError) as exc:  # ValueError: tarfile's int()
         raise UnsafeTarError(f"{what}: not an uncompressed tar ({exc})") from None
     parents = {"/".join(n.split("/")[:i]) for n in files for i in range(1, n.count("/") + 1)}
     clash = sorted(parents & files.keys())
