@@ -407,6 +407,7 @@ REFUSED = {
     "pickle": "no GGUF or safetensors weights",
     "broken": "model.safetensors: header length",
     "twice": "two files are named 'model.safetensors'",
+    "not-gguf": "model.gguf is no GGUF file (it starts b'\\x80\\x02}q'); refused",
 }
 
 
@@ -417,8 +418,9 @@ def test_weights_ollama_cannot_run_are_one_line_and_nothing_left(
     case: str,
 ) -> None:
     """GGUF and safetensors weights together, a pickled `pytorch_model.bin`, a `.safetensors`
-    file that is none, two layers naming one file: one line, and the blobs fetched for the
-    artifact removed again."""
+    file that is none, two layers naming one file, a `.gguf` file that is none (the old code
+    landed it as the model): one line, and the blobs fetched for the artifact removed
+    again."""
     good = shards()[0][2]
     raw = MP + "weight.v1.raw"
     files = {
@@ -426,6 +428,7 @@ def test_weights_ollama_cannot_run_are_one_line_and_nothing_left(
         "pickle": [("pytorch_model.bin", b"\x80\x02}q\x00.")],
         "broken": [("model.safetensors", (1 << 40).to_bytes(8, "little") + b"{}")],
         "twice": [("model.safetensors", good), ("model.safetensors", good + b" ")],
+        "not-gguf": [("model.gguf", b"\x80\x02}q\x00.")],
     }[case]
     layers = [(desc(raw, data, **{FP: path}), data) for path, data in files]
     name = f"ghcr.io/bad/{case}:v1"

@@ -453,6 +453,18 @@ def _check_safetensors(store: BlobStore, f: _File, what: str) -> None:
             raise UnsupportedArtifactError(f"{what}: {exc}") from None
 
 
+def _check_gguf(store: BlobStore, f: _File, what: str) -> None:
+    """A file landed as Ollama's model or projector starts with GGUF's magic: one taken for
+    GGUF by the config's `format` alone (a `pytorch_model.bin` under format gguf) is no model
+    Ollama could load, refused as a `.safetensors` that is none is."""
+    with _open(store, f) as src:
+        head = src.read(4)
+    if head != b"GGUF":
+        raise UnsupportedArtifactError(
+            f"{what}: {f.path or 'the weights'} is no GGUF file (it starts {head!r}); refused"
+        )
+
+
 def _tensor_name(f: _File) -> str:
     """The layer's `name`: the file's path without `.safetensors` (the mount shows
     `tensors/<name>.safetensors`)."""
@@ -486,6 +498,8 @@ def land(store: BlobStore, manifest: Manifest) -> bytes:
     for f, media in mapped:
         if media == OLLAMA_TENSOR:
             _check_safetensors(store, f, what)
+        elif media in (OLLAMA_MODEL, OLLAMA_PROJECTOR):
+            _check_gguf(store, f, what)
 
     # Every refusal is behind us: now blobs are written.
     sizes = _blob_sizes(store) if any(f.digest is None and m for f, m in mapped) else set()
