@@ -42,12 +42,13 @@ from tests.conftest import tmpfs
 from tests.registry import Registry
 from tests.test_artifacts import (  # noqa: F401 - pytestmark: the same needs
     assert_nothing_written,
+    demo,
     pytestmark,
     registry,
     store_manifest,
 )
 from tests.test_artifacts_safetensors import bad_tar, blob_path
-from tests.test_registries import MODELFS, error_line, pull
+from tests.test_registries import MODELFS, error_line, modelfs, pull
 
 _HOP = {"connection", "transfer-encoding", "keep-alive"}
 OLLAMA_MODEL = "application/vnd.ollama.image.model"
@@ -344,3 +345,28 @@ def test_a_config_larger_than_any_is_refused_before_any_fetch(
     ), r.stderr
     assert len([uri for _, uri in registry.requests() if "/blobs/" in uri]) == before
     assert_nothing_written(store)
+
+
+@pytest.mark.parametrize("fmt", ["modelpack", "docker-model"])
+def test_a_layer_name_that_is_no_plain_path_is_not_pushed_as_a_file(
+    registry: Registry,  # noqa: F811 - the fixture
+    tmp_path: Path,
+    demo: Path,  # noqa: F811 - the fixture
+    fmt: str,
+) -> None:
+    """An Ollama safetensors model whose tensor layer is named `../../evil` (a manifest from
+    any registry may say so): `push --format` would give it as the filepath other tools unpack
+    the artifact by, out of their model's directory. One line, nothing pushed (the old code
+    pushed `../../evil.safetensors`)."""
+    store = tmp_path / "store"
+    shutil.copytree(demo, store, symlinks=True)
+    layout = Layout(store)
+    doc = json.loads(layout.legacy_manifest(parse_name("gemma4:26b-mlx")).read_bytes())
+    [first] = [x for x in doc["layers"] if x["mediaType"].endswith(".tensor")][:1]
+    first["name"] = "../../evil"
+    target = layout.legacy_manifest(parse_name("gemma4:evil"))
+    target.write_bytes(json.dumps(doc).encode())
+    r = modelfs("push", "--store", str(store), "gemma4:evil", "--to", registry.url, "--format", fmt)
+    assert r.returncode == 1, r.stderr
+    assert "'../../evil.safetensors' is not a plain relative path" in error_line(r.stderr)
+    assert not [uri for method, uri in registry.requests() if method in ("PUT", "POST")]

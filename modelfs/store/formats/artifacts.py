@@ -662,6 +662,9 @@ def pack(manifest: Manifest, config: ModelConfig | None, fmt: str) -> Packed:
         d = _descriptor(types.get(layer.media_type, layer.media_type), layer.digest, layer.size)
         path = _packed_path(layer, fmt, seen)
         if path is not None:
+            # Other tools unpack the artifact by these paths: a layer name that could leave
+            # the model's directory goes nowhere, as a pull refuses it (`_filepath`).
+            path = plain_path(path, f"{label}: layer {layer.digest.short}'s file")
             d["annotations"] = {ANNOTATION_FILEPATH: path}
         layers.append(d)
     layers.append(_descriptor(MEDIA_CONFIG, manifest.config.digest, manifest.config.size))
