@@ -370,3 +370,29 @@ def test_a_layer_name_that_is_no_plain_path_is_not_pushed_as_a_file(
     assert r.returncode == 1, r.stderr
     assert "'../../evil.safetensors' is not a plain relative path" in error_line(r.stderr)
     assert not [uri for method, uri in registry.requests() if method in ("PUT", "POST")]
+
+
+def test_an_image_index_is_one_line_saying_so(
+    registry: Registry,  # noqa: F811 - the fixture
+    tmp_path: Path,
+) -> None:
+    """An OCI image index naming an artifact (as a registry serves a multi-platform tag): one
+    line saying it is an image index (the old code said "'layers' is missing or not a list"),
+    nothing fetched or written."""
+    gguf = b"GGUF" + bytes(60)
+    layers = [(desc("application/vnd.docker.ai.gguf.v3", gguf), gguf)]
+    name = "docker.io/ai/index:v1"
+    cfg = (DMR_CONFIG, b'{"config": {"format": "gguf"}}')
+    digest = push_layout(registry, tmp_path, name, cfg, layers)
+    index = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json"}
+    child = {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": digest}
+    index["manifests"] = [child | {"size": 1, "platform": {"architecture": "amd64", "os": "linux"}}]
+    raw = json.dumps(index).encode()
+    served = {f"/v2/{r}/manifests/v1": (index["mediaType"], raw) for r in ("ai/index", name[:-3])}
+    store = tmp_path / "store"
+    with gate(registry, served=served) as (url, _):
+        r = pull(store, url, name)
+    assert r.returncode == 1, r.stderr
+    line = error_line(r.stderr)
+    assert "an image index (application/vnd.oci.image.index.v1+json), not a model's" in line
+    assert_nothing_written(store)
