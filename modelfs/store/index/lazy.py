@@ -16,6 +16,7 @@ every field but `raw` is written first, and `raw` (which holds the tuple until t
 
 from __future__ import annotations
 
+import marshal
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +24,7 @@ from modelfs.store.digest import Digest
 from modelfs.store.manifest import Layer, ListChild, Manifest, ManifestList
 
 
-def _digest(hex_: str) -> Digest:
+def digest_of_hex(hex_: str) -> Digest:
     if not isinstance(hex_, str) or len(hex_) != 64:
         raise ValueError("not a digest")
     # Not Digest(hex_): its pattern check is a tenth of a load, and the file is ours and
@@ -34,41 +35,60 @@ def _digest(hex_: str) -> Digest:
 
 
 class Tables:
-    """The index file's tables of digests and layers; each object made once, when asked."""
+    """The index file's tables of digests (their hex, one a line) and layers (marshal data),
+    unpacked when a manifest is first built, and each object made once, when asked."""
 
-    __slots__ = ("_digests", "_layers", "hexes", "layer_rows")
+    __slots__ = ("_digests", "_hex_text", "_hexes", "_layer_data", "_layers", "_rows")
 
-    def __init__(self, hexes: tuple[str, ...], layer_rows: tuple[tuple[Any, ...], ...]) -> None:
-        self.hexes = hexes
-        self.layer_rows = layer_rows
-        self._digests: list[Digest | None] = [None] * len(hexes)
-        self._layers: list[Layer | None] = [None] * len(layer_rows)
+    def __init__(self, hex_text: str, layer_data: bytes) -> None:
+        if not isinstance(hex_text, str) or not isinstance(layer_data, bytes):
+            raise TypeError("tables")
+        self._hex_text = hex_text
+        self._layer_data = layer_data
+        self._hexes: list[str] | None = None
+        self._rows: tuple[tuple[Any, ...], ...] | None = None
+        self._digests: dict[int, Digest] = {}
+        self._layers: dict[int, Layer] = {}
 
     def digest(self, i: int) -> Digest:
-        d = self._digests[i]
+        d = self._digests.get(i)
         if d is None:
-            d = self._digests[i] = _digest(self.hexes[i])
+            hexes = self._hexes
+            if hexes is None:
+                hexes = self._hexes = self._hex_text.split("\n")
+            d = self._digests[i] = digest_of_hex(hexes[i])
         return d
 
     def layer(self, i: int) -> Layer:
-        layer = self._layers[i]
+        layer = self._layers.get(i)
         if layer is None:
-            media, d, size, name, from_ = self.layer_rows[i]
+            rows = self._rows
+            if rows is None:
+                rows = self._rows = marshal.loads(self._layer_data)
+            media, d, size, name, from_ = rows[i]
             layer = self._layers[i] = Layer(media, self.digest(d), size, name, from_)
         return layer
 
-    def manifest(self, t: tuple[Any, ...]) -> Manifest | ManifestList:
-        """The manifest a tuple of the index stands for, to be built when first used."""
+    def manifest(self, kind: int, data: bytes | tuple[Any, ...]) -> Manifest | ManifestList:
+        """The manifest the index's data stands for (its tuple, or that tuple in marshal
+        data: a load then makes one object of it), to be built when first used."""
         lazy: Manifest | ManifestList
-        if t[0] == 1:
+        if kind == 1:
             lazy = object.__new__(LazyManifestList)
-            _LIST_RAW.__set__(lazy, (self, t))
-        elif t[0] == 0:
+            _LIST_RAW.__set__(lazy, (self, data))
+        elif kind == 0:
             lazy = object.__new__(LazyManifest)
-            _RAW.__set__(lazy, (self, t))
+            _RAW.__set__(lazy, (self, data))
         else:
             raise TypeError("not a manifest")
         return lazy
+
+
+def _unpacked(data: bytes | tuple[Any, ...]) -> tuple[Any, ...]:
+    t = marshal.loads(data) if type(data) is bytes else data
+    if type(t) is not tuple:
+        raise TypeError("not a manifest")
+    return t
 
 
 _FIELDS = ("digest", "media_type", "config", "layers", "runner", "format")
@@ -82,8 +102,8 @@ _LIST_RAW = ManifestList.__dict__["raw"]
 def _fill_manifest(m: Manifest) -> None:
     held = _RAW.__get__(m)
     if type(held) is tuple:
-        tables, t = held
-        _, raw, d, media, config, layers, runner, fmt = t
+        tables, data = held
+        _, raw, d, media, config, layers, runner, fmt = _unpacked(data)
         values = (
             tables.digest(d),
             media,
@@ -101,15 +121,15 @@ def _fill_manifest(m: Manifest) -> None:
 def _fill_list(m: ManifestList) -> None:
     held = _LIST_RAW.__get__(m)
     if type(held) is tuple:
-        tables, t = held
-        _, raw, d, media, children = t
+        tables, data = held
+        _, raw, d, media, children = _unpacked(data)
         kids = []
         for c, runner, fmt, inline in children:
             child = None
             if inline is not None:
                 if inline[0] != 0:
                     raise TypeError("a list inside a list")
-                child = tables.manifest(inline)
+                child = tables.manifest(0, inline)
                 assert isinstance(child, Manifest)
             kids.append(ListChild(tables.digest(c), runner, fmt, child))
         for slot, value in zip(_LIST_SLOTS, (tables.digest(d), tuple(kids), media), strict=True):

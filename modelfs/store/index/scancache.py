@@ -37,6 +37,7 @@ It is saved only when the scan found something changed.
 from __future__ import annotations
 
 import logging
+import marshal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,7 +47,7 @@ from typing import Any, TypeVar
 from modelfs.store.collector import cycles_uncollected
 from modelfs.store.digest import Digest
 from modelfs.store.index.indexfile import Stamp, read_index, write_index
-from modelfs.store.index.lazy import Tables
+from modelfs.store.index.lazy import Tables, digest_of_hex
 from modelfs.store.layout import Layout
 from modelfs.store.manifest import Layer, Manifest, ManifestList, ModelConfig
 
@@ -202,6 +203,9 @@ class _Encoder:
             i = self.layers[t] = len(self.layers)
         return i
 
+    def packed(self, m: Parsed) -> tuple[int, bytes]:
+        return int(isinstance(m, ManifestList)), marshal.dumps(self.manifest(m))
+
     def manifest(self, m: Parsed) -> tuple[Any, ...]:
         if isinstance(m, ManifestList):
             children = tuple(
@@ -236,13 +240,14 @@ def _config_t(c: ModelConfig) -> tuple[Any, ...]:
 
 def _encode(cache: ScanCache) -> tuple[Any, ...]:
     enc = _Encoder()
-    manifests = [(p, s, enc.manifest(m)) for p, (s, m) in cache.manifests.items()]
-    blob_manifests = [(n, s, enc.manifest(m)) for n, (s, m) in cache.blob_manifests.items()]
-    configs = [(enc.digest(d), _config_t(c)) for d, c in cache.configs.items()]
+    # Each manifest as marshal data of its own, unpacked when it is first built (lazy).
+    manifests = {p: (s, *enc.packed(m)) for p, (s, m) in cache.manifests.items()}
+    blob_manifests = {n: (s, *enc.packed(m)) for n, (s, m) in cache.blob_manifests.items()}
+    configs = {d.hex: _config_t(c) for d, c in cache.configs.items()}
     return (
         cache.root,
-        tuple(enc.digests),
-        tuple(enc.layers),
+        "\n".join(enc.digests),
+        marshal.dumps(tuple(enc.layers)),
         manifests,
         cache.links,
         blob_manifests,
@@ -259,10 +264,10 @@ def _decode(cache: ScanCache, obj: Any) -> None:
     entries, dirs = obj[9:]
     tables = Tables(hexes, layers)
     made = tables.manifest  # each built when first used: store.index.lazy
-    cache.manifests = {p: (s, made(m)) for p, s, m in manifests}
+    cache.manifests = {p: (s, made(k, m)) for p, (s, k, m) in manifests.items()}
     cache.links = links
-    cache.blob_manifests = {n: (s, made(m)) for n, s, m in blob_manifests}
-    cache.configs = {tables.digest(d): ModelConfig(*c) for d, c in configs}
+    cache.blob_manifests = {n: (s, made(k, m)) for n, (s, k, m) in blob_manifests.items()}
+    cache.configs = {digest_of_hex(h): ModelConfig(*c) for h, c in configs.items()}
     if not isinstance(links, dict) or not isinstance(entries, dict) or not isinstance(dirs, dict):
         raise TypeError("links, entries or dirs")
     if listing:
