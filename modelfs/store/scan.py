@@ -348,7 +348,7 @@ class Scanner:
             fmt = top.format or (config.model_format if config else None) or None
             variants, absent = (Variant(top, runner, fmt, False),), ()
             spec, absent_at = ((None, runner, fmt),), ()
-        if spec is not None and self.index._unread_configs == unread:
+        if spec is not None and self.cache is not None and self.index._unread_configs == unread:
             found = tuple((p.kind, p.message) for p in self.index.problems[first:])
             self._made[path] = (spec, absent_at, found, None)
             self._remade += 1

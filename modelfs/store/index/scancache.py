@@ -81,6 +81,8 @@ Recipe = tuple[
 # entries' names, sorted, with a letter each for its kind (store.index.dirs).
 DirListing = tuple[tuple[int, int, int], tuple[str, ...], str]
 
+# Bumped when the file's shape changes, and when what a scan works out of a tag (Recipe) does:
+# an index of another version is rebuilt, never read.
 FORMAT_VERSION = 3
 MAGIC = b"modelfs scan index\n"
 FILE_NAME = "scan-index"
