@@ -211,7 +211,7 @@ class StoreIndex:
     _blobs_fd: int | None = field(default=None, repr=False)  # blobs/, open during the scan
     # Blob sizes by hex from the scan index, while blobs/ is as it was when they were taken (a
     # blob's bytes change only by a rename into blobs/: store.index.scancache); and the sizes
-    # this index's checks used, for the next.
+    # for the next: those taken (the tags recalled from the index checked them) and any new.
     _sizes: dict[str, int | None] | None = field(default=None, repr=False)
     _sizes_used: dict[str, int | None] = field(default_factory=dict, repr=False)
     cache: ScanCache | None = field(default=None, repr=False)
