@@ -370,3 +370,25 @@ def test_a_kept_listing_is_not_used_for_another_directory_behind_a_link(
     for cached in (cache, ScanCache.open(tiny.layout)):
         assert answer(scan_store(tiny.root, cached)) == answer(scan_store(tiny.root))
         assert [e.name.shortest for e in scan_store(tiny.root, cached)] == ["b:1"]
+
+
+def test_the_index_is_not_rewritten_while_the_store_is_too_new_to_keep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Saved only when something changed: while blobs/ is within the racy margin, its listing
+    is not kept, nor what depends on it, and a scan that keeps nothing new writes nothing."""
+    monkeypatch.setattr(indexfile, "RACY_NS", RACY_NS)
+    tiny = TinyStore(tmp_path / "models")
+    tiny.gguf_model("a:1")
+    time.sleep(SETTLE)
+    scan_store(tiny.root, ScanCache.open(tiny.layout))
+    (tiny.layout.blobs / "partial").write_bytes(b"")  # blobs/ changed, as a pull changes it
+    monkeypatch.setattr(indexfile, "RACY_NS", 3600 * 10**9)  # and too new to keep from now on
+    scan_store(tiny.root, ScanCache.open(tiny.layout))  # the listing kept goes: saved
+    index = tiny.layout.state / scancache.FILE_NAME
+    saved = index.stat()  # each save renames a new file over it
+    for _ in range(2):
+        time.sleep(SETTLE)
+        scan_store(tiny.root, ScanCache.open(tiny.layout))
+    now = index.stat()
+    assert (now.st_ino, now.st_mtime_ns) == (saved.st_ino, saved.st_mtime_ns)

@@ -201,21 +201,23 @@ class Scanner:
         if listing is not None and used.keys() != listing[3].keys():
             listing = (*listing[:3], used)
         dirs = self._dirs
+        # Recipes hold only with the listing they were made under: none without one.
+        made, remade = (self._made, self._remade) if listing is not None else ({}, 0)
         same = (
             not self._read
-            and not self._remade
+            and not remade
             and listing is cache.listing
             and len(self._met) == len(cache.manifests)
             and len(self._links) == len(cache.links)
             and len(self._blob_met) == len(cache.blob_manifests)
-            and len(self._made) == len(cache.entries)
+            and len(made) == len(cache.entries)
             and configs.keys() == cache.configs.keys()
             and len(dirs) == len(cache.dirs)
             and all(v is cache.dirs.get(k) for k, v in dirs.items())
         )
         cache.manifests, cache.links, cache.blob_manifests = self._met, self._links, self._blob_met
         cache.configs, cache.dirty = configs, cache.dirty or not same
-        cache.entries, cache.dirs = self._made, dirs
+        cache.entries, cache.dirs = made, dirs
         cache.keep_listing(listing)
 
     # -- blobs ---------------------------------------------------------------------------
