@@ -19,6 +19,7 @@ filesystem's server clock running a little behind ours.
 from __future__ import annotations
 
 import contextlib
+import errno
 import marshal
 import os
 import secrets
@@ -50,9 +51,24 @@ def racy(ctime_ns: int, since_ns: int) -> bool:
     return ctime_ns >= since_ns - RACY_NS
 
 
-def read_index(path: Path, magic: bytes, version: int) -> tuple[Any, str | None]:
+def store_is_ours(root: str | os.PathLike[str]) -> bool:
+    """Whether the store at `root` belongs to this user: only then is an index of it read or
+    written. Root working in a user's store (Ollama's service user's) would otherwise leave
+    a file of root's there, or load one its user wrote: marshal is no format to read from
+    someone else."""
+    try:
+        return os.stat(root).st_uid == os.geteuid()
+    except OSError:
+        return False
+
+
+def read_index(
+    path: Path, magic: bytes, version: int, root: str | os.PathLike[str]
+) -> tuple[Any, str | None]:
     """The object saved at `path`, and None; or None and why it cannot be used; (None, None)
-    when there is no file."""
+    when there is no file, or the store `root` is not ours (see store_is_ours)."""
+    if not store_is_ours(root):
+        return None, None
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -86,8 +102,13 @@ def read_index(path: Path, magic: bytes, version: int) -> tuple[Any, str | None]
         return None, f"corrupt ({type(exc).__name__})"
 
 
-def write_index(path: Path, magic: bytes, version: int, obj: Any) -> None:
-    """Replace `path` with `obj` (raises OSError: the caller decides that it does not matter)."""
+def write_index(
+    path: Path, magic: bytes, version: int, obj: Any, root: str | os.PathLike[str]
+) -> None:
+    """Replace `path` with `obj` (raises OSError: the caller decides that it does not matter;
+    PermissionError when the store `root` is not ours)."""
+    if not store_is_ours(root):
+        raise PermissionError(errno.EPERM, "the store belongs to another user")
     body = marshal.dumps(obj)
     header = magic + _HEADER.pack(version, zlib.crc32(body), len(body))
     with contextlib.suppress(FileExistsError):

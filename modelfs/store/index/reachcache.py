@@ -49,7 +49,7 @@ class ReachCache:
         """The store's reach index; `save=False` only reads it (`save` then writes nothing)."""
         path = layout.state / FILE_NAME
         cache = cls(path=path if save else None, root=str(layout.root), started=started())
-        obj, why = read_index(path, MAGIC, FORMAT_VERSION)
+        obj, why = read_index(path, MAGIC, FORMAT_VERSION, cache.root)
         if obj is not None:
             try:
                 saved_root, files, listing = obj
@@ -118,4 +118,4 @@ class ReachCache:
         files = [(p, k, n) for p, (k, n) in self.files.items()]
         body = (self.root, files, self.listing)
         with contextlib.suppress(OSError):  # a store we cannot write to: read in full each time
-            write_index(self.path, MAGIC, FORMAT_VERSION, body)
+            write_index(self.path, MAGIC, FORMAT_VERSION, body, self.root)

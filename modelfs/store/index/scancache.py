@@ -159,7 +159,7 @@ class ScanCache:
 # -- the file --------------------------------------------------------------------------------
 def _load(cache: ScanCache, path: Path, root: str) -> str | None:
     """Fill `cache` from `path`; why it cannot be used, or None (an absent file is no news)."""
-    obj, why = read_index(path, MAGIC, FORMAT_VERSION)
+    obj, why = read_index(path, MAGIC, FORMAT_VERSION, root)
     if why is not None or obj is None:
         cache.dirty = True
         return why
@@ -179,7 +179,7 @@ def _load(cache: ScanCache, path: Path, root: str) -> str | None:
 
 
 def _save(cache: ScanCache, path: Path) -> None:
-    write_index(path, MAGIC, FORMAT_VERSION, _encode(cache))
+    write_index(path, MAGIC, FORMAT_VERSION, _encode(cache), cache.root)
 
 
 # -- the codec: plain tuples, rebuilt into the store's own types --------------------------------
