@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from modelfs.demo import build_demo_store
+from modelfs.fsd import tool_dirs
 from modelfs.fsd.builder import TreeBuilder, short_path
 from modelfs.fsd.mount import changed_entries
 from modelfs.fsd.nodes import BlobNode, DirNode, InodeTable, Node
@@ -269,3 +270,47 @@ def test_changed_entries_fills_only_what_was_looked_at(tmp_path: Path) -> None:
     assert list(changed_entries(second, third)) == []
     lazy = [n for n in walk_loaded(third.root) if isinstance(n, DirNode) and not n.loaded]
     assert lazy  # only what `second` had filled was filled in `third`
+
+
+def shared_tool_store(root: Path) -> StoreIndex:
+    """Blobs the tool layouts show more than once: one GGUF in two tags of a repository (one
+    LM Studio folder, two hub snapshots), in another repository too, a projector beside it,
+    safetensors shards with their config, and the demo store's models around them."""
+    build_demo_store(root)
+    tiny = TinyStore(root)
+    weights = tiny.layer("model", b"shared GGUF weights")
+    projector = tiny.layer("projector", b"shared projector")
+    for name in ("hf.co/org/Shared-GGUF:Q4_K_M", "hf.co/org/Shared-GGUF:Q8_0", "shared:1b"):
+        tiny.legacy(name, tiny.manifest([weights, projector, tiny.layer("license", b"MIT")]))
+    config = tiny.layer("json", b'{"model_type":"x"}', name="config.json")
+    shards = [tiny.layer("tensor", bytes([t]) * 16, name=f"w{t}") for t in range(3)]
+    st = {"model_format": "safetensors", "model_family": "llama", "file_type": "F16"}
+    for name in ("st:a", "st:b"):
+        tiny.legacy(name, tiny.manifest([*shards, config], st))
+    return scan_store(root)
+
+
+def test_tool_link_counts_asked_first_agree_with_the_whole_layouts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A blob's link count asked before any tool layout was looked into (the layouts of the
+    repositories holding it) is the one the whole layouts give, and the places shown."""
+    monkeypatch.setattr(tool_dirs, "COUNT_ALONE", 1 << 30)  # every blob from its repositories
+    index = shared_tool_store(tmp_path / "models")
+    early = TreeBuilder(InodeTable()).build(index)
+    assert all(b.links_pending for b in early.blob_nodes.values())
+    first = {d: b.count_links() for d, b in early.blob_nodes.items()}  # each alone
+    assert not any(b.links_pending for b in early.blob_nodes.values())
+    whole = TreeBuilder(InodeTable()).build(index)
+    paths = walk(whole.root)  # fills the tool tops first: the whole layouts count
+    assert {d: whole.blob_nodes[d].links for d in first} == first
+    for blob in whole.blob_nodes.values():
+        assert blob.links == sum(n is blob for n in paths.values())
+    # The three GGUF tags name one manifest (one .by-digest/ directory, one hub snapshot for
+    # both hf.co tags, in which the GGUF has a name per tag); the two safetensors tags too, and
+    # their shards have one name in that snapshot: each place counted once (an eager build
+    # counted a file of a snapshot once per tag naming it: 8 links for 7 places).
+    gguf = Digest.of_bytes(b"shared GGUF weights")
+    model_dirs = 3 + 3 + 1  # short names, .by-name, .by-digest
+    assert first[gguf] == 1 + model_dirs + 2 + 2  # .blobs, two LM Studio folders, two hub names
+    assert first[Digest.of_bytes(bytes([1]) * 16)] == 1 + (2 + 2 + 1) + 1

@@ -6,11 +6,13 @@ fsd.compat_dirs.
 
 A build reads no blob and makes no model directory's content: the short-name model
 directories are placed at once and filled on first use; `.by-name/`, `.by-digest/` and
-`.blobs/` are filled on first use, and so are the model directories in them. What a listing
-shows of a directory not filled yet (inode, mtime, link count, the link counts of the blobs
-inside) is settled when the build ends, or, for a model directory's own link count, which
-depends on whether its GGUF gets a `llama.cpp/` view, worked out when first asked; filling one
-changes nothing that was shown, it only makes what is inside.
+`.blobs/` are filled on first use, and so are the model directories in them; other tools'
+layouts (`.lmstudio/`, `.huggingface/hub/`) are laid out when first looked into
+(fsd.tool_dirs). What a listing shows of a directory not filled yet (inode, mtime, link count,
+the link counts of the blobs inside) is settled when the build ends, or worked out when first
+asked: a model directory's own link count, which depends on whether its GGUF gets a
+`llama.cpp/` view, and a blob's places in the tool layouts; filling one changes nothing that
+was shown, it only makes what is inside.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from modelfs.fsd.nodes import (
     SymlinkNode,
 )
 from modelfs.fsd.plan import ModelPlan
+from modelfs.fsd.tool_dirs import ToolDirs
 from modelfs.store.compat import CompatViews, ComputeCache, GGUFView
 from modelfs.store.compat.decisions import Decisions
 from modelfs.store.digest import Digest
@@ -49,14 +52,7 @@ from modelfs.store.manifest import Manifest, clean_text
 from modelfs.store.names import Name
 from modelfs.store.scan import DEFAULT_PREFER, Entry, StoreIndex, Variant
 from modelfs.store.tools.files import ModelFile, model_files
-from modelfs.store.tools.toolviews import (
-    Deferred,
-    ToolFile,
-    ToolModel,
-    layout_files,
-    safetensors_index,
-    tool_models,
-)
+from modelfs.store.tools.toolviews import Deferred, safetensors_index
 from modelfs.store.tools.views import (
     MergedSafetensors,
     Segment,
@@ -71,11 +67,6 @@ MAX_TEXT_BYTES = 1 << 20  # templates, licenses, params shown inside a Modelfile
 # made in a worker thread when its directory is first looked into, never in a build: a
 # 100 MB header (a million tensors, legal) takes seconds to read and merge.
 EAGER_HEADER_BYTES = 4 << 20
-# Where the mount shows other tools' layouts of the store (store.toolviews).
-TOOL_VIEWS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("lmstudio", (".lmstudio",)),
-    ("hf", (".huggingface", "hub")),
-)
 
 
 @dataclass
@@ -175,7 +166,7 @@ class TreeBuilder:
                 del keyed[key]
 
 
-class _Build(CompatDirs):
+class _Build(CompatDirs, ToolDirs):
     """One build: the state that depends on one StoreIndex, kept as long as a lazy directory
     of its tree may still be filled. Nothing here refers back to the tree's nodes (the mount
     is held weakly), so a tree that is no longer served is freed by reference counting."""
@@ -209,6 +200,7 @@ class _Build(CompatDirs):
         self.pending: dict[int, Node] = {}  # made lazily before the tree is attached
         self.sink: weakref.ref[NodeSink] | None = None
         self.current = True
+        self.init_tool_dirs(builder.tensor_names)
 
     # -- registration --------------------------------------------------------------------
     def register(self, node: Node) -> None:
@@ -256,12 +248,7 @@ class _Build(CompatDirs):
         for places, holder in zip(hidden, (by_name, by_digest), strict=True):
             holder._fill = functools.partial(self._fill_hidden, places)
             holder._subdirs = len({rel[0] for rel in places})
-        models = tool_models(index, self.prefer, lambda m: self._plan(m).files)
-        for layout, top in TOOL_VIEWS:
-            try:
-                self._add_tool_view(root, layout, top, root_mtime, models)
-            except Exception:
-                log.exception("%s: not shown", "/".join(top))
+        self.add_tool_tops(root, root_mtime)
         for key, merged in self.merged_nodes.items():
             merged.links = self.merged_links.get(key, 1)
         nodes, self.nodes = self.nodes, None
@@ -315,6 +302,8 @@ class _Build(CompatDirs):
             media_type=media_type,
             links=1,  # .blobs/ shows every present blob
         )
+        if self.data != "symlink":
+            node._count = self.count_ref  # the tool layouts' places, added when first asked
         if media_type:
             node.xattrs["user.modelfs.media_type"] = media_type.encode()
         self.blob_nodes[digest] = node
@@ -377,45 +366,7 @@ class _Build(CompatDirs):
         self.register(node)
         return node
 
-    # -- other tools' layouts (store.toolviews) ------------------------------------------
-    def _add_tool_view(
-        self,
-        root: DirNode,
-        layout: str,
-        top: tuple[str, ...],
-        mtime_ns: int,
-        models: list[ToolModel],
-    ) -> None:
-        """The files `modelfs link --layout` writes, as the same nodes the model directories
-        show (one inode per blob: passthrough, leases and xattrs are theirs)."""
-        base = self._mkdirs(root, top, mtime_ns)
-        mtimes = {m.name.key: m.mtime_ns for m in models}
-        indexes: list[tuple[DirNode, str, tuple[str, ...], ToolFile, int]] = []
-        for f in layout_files(layout, models, self._known_tensor_names):
-            parts = f.path.split("/")
-            when = mtimes[f.name.key]
-            holder = self._mkdirs(base, parts[:-1], when)
-            node: Node
-            if f.shards:
-                indexes.append((holder, parts[-1], (*top, *parts), f, when))
-                continue
-            if f.source is None:
-                node = self._bytes((*top, *parts), f.data, when)
-            else:
-                blob = self._layer_blob(f.source, f.path)
-                if blob is None:
-                    continue
-                node = self._file_node(blob)
-                if self.data != "symlink":
-                    blob.links += 1
-            holder._children[parts[-1]] = node
-        # An index whose shards' headers were not read yet is made when its directory is
-        # first looked into: read in a worker thread (`_index_of`), placed by the fill.
-        for holder, name, path, f, when in indexes:
-            holder._subdirs = sum(isinstance(c, DirNode) for c in holder._children.values())
-            holder._prepare = functools.partial(self._index_of, f.shards)
-            holder._fill = functools.partial(self._fill_index, name, path, f.shards, when)
-
+    # -- other tools' layouts (fsd.tool_dirs) -----------------------------------------
     def _known_tensor_names(self, f: ModelFile) -> tuple[list[str], int] | None:
         """The tensor names of a blob read at an earlier build; Deferred for any other, so
         that a build reads no header (one of 100 MB takes seconds and 500 MB)."""

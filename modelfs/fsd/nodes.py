@@ -135,10 +135,29 @@ class BlobNode(Node):
     blob_size: int = 0
     media_type: str = ""
     gguf: bool = False
+    # Set while the places other tools' layouts show it in are still to be added to `links`
+    # (fsd.tool_dirs): what it calls to count them, held weakly (None once its build is gone).
+    _count: Callable[[], Callable[[BlobNode], None] | None] | None = field(default=None, repr=False)
 
     @property
     def size(self) -> int:
         return self.blob_size
+
+    @property
+    def links_pending(self) -> bool:
+        """True while its link count is still to be worked out (which may lay out repos)."""
+        return self._count is not None
+
+    def count_links(self) -> int:
+        """Its link count, worked out first if still pending."""
+        ref = self._count
+        if ref is not None:
+            count = ref()
+            if count is None:
+                self._count = None
+            else:
+                count(self)
+        return self.links
 
     @functools.cached_property
     def path(self) -> Path:
