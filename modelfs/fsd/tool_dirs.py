@@ -122,6 +122,7 @@ class ToolDirs:
                 for name, _ in TOOL_VIEWS:
                     counts.update(self._shown(self.tool_files[name]))
                 self.tool_counts = counts
+                self.blob_repos, self.repo_entries = {}, {}  # counted by `tool_counts` now
                 files = self.tool_files[layout]
             return files
 
