@@ -298,6 +298,8 @@ def test_tool_link_counts_asked_first_agree_with_the_whole_layouts(
     monkeypatch.setattr(tool_dirs, "COUNT_ALONE", 1 << 30)  # every blob from its repositories
     index = shared_tool_store(tmp_path / "models")
     early = TreeBuilder(InodeTable()).build(index)
+    blobs = early.root.children[".blobs"]  # makes every blob's node, and no tool layout
+    assert isinstance(blobs, DirNode) and len(blobs.children) == len(early.blob_nodes) > 20
     assert all(b.links_pending for b in early.blob_nodes.values())
     first = {d: b.count_links() for d, b in early.blob_nodes.items()}  # each alone
     assert not any(b.links_pending for b in early.blob_nodes.values())
@@ -314,3 +316,47 @@ def test_tool_link_counts_asked_first_agree_with_the_whole_layouts(
     model_dirs = 3 + 3 + 1  # short names, .by-name, .by-digest
     assert first[gguf] == 1 + model_dirs + 2 + 2  # .blobs, two LM Studio folders, two hub names
     assert first[Digest.of_bytes(bytes([1]) * 16)] == 1 + (2 + 2 + 1) + 1
+
+
+def test_what_a_build_counts_is_what_the_plans_show(tmp_path: Path) -> None:
+    """The build counts a model directory's blobs from its manifest's layers, its plan made
+    when it is filled: both say the same of every manifest (which blobs, config, tensors,
+    model.gguf, mmproj.gguf, the .gguf files and each blob's media type), json layers taking
+    a GGUF's name and two layers of a kind among them."""
+    index = shared_tool_store(tmp_path / "models")
+    tiny = TinyStore(tmp_path / "models")
+    taken = tiny.layer("json", b"{}", name="model.gguf")
+    two = [tiny.layer("model", b"first"), tiny.layer("model", b"second")]
+    late = tiny.layer("json", b"[]", name="mmproj.gguf")
+    tiny.legacy("odd:taken", tiny.manifest([taken, *two, tiny.layer("projector", b"p"), late]))
+    tiny.legacy("odd:two", tiny.manifest([*two, tiny.layer("projector", b"p")]))
+    index = scan_store(tiny.root)
+    tree = TreeBuilder(InodeTable()).build(index)
+    build = tree._build
+    assert build is not None
+    manifests = {v.manifest.digest: v.manifest for e in index for v in e.variants}
+    shapes = {d: build._shape(m) for d, m in manifests.items()}  # before any node is made
+    media = dict(build.media)
+    walk(tree.root)
+    gguf: set[Digest] = set()
+    for digest, m in manifests.items():
+        plan, shape = build._plan(m), shapes[digest]
+        by_path = {f.path: f.layer.digest for f, _ in plan.shown}
+        assert shape.shown == tuple(f.layer.digest for f, _ in plan.shown)
+        assert shape.config == (plan.config.digest if plan.config else None)
+        assert shape.tensors == plan.tensors
+        assert (shape.model, shape.projector) == (
+            by_path.get("model.gguf"),
+            by_path.get("mmproj.gguf"),
+        )
+        gguf |= {f.layer.digest for f, _ in plan.shown if f.path.endswith(".gguf")}
+        for f, blob in plan.shown:  # the media type of the first layer met with its digest
+            assert blob.media_type == media[blob.digest] == media.get(f.layer.digest)
+    assert build.gguf_blobs == gguf
+    assert shapes[manifests_of(index, "odd:taken")].model == Digest.of_bytes(b"{}")
+    assert shapes[manifests_of(index, "odd:two")].model == Digest.of_bytes(b"first")
+    assert tree.blob_nodes[Digest.of_bytes(b"second")].gguf  # shown as model-2.gguf
+
+
+def manifests_of(index: StoreIndex, name: str) -> Digest:
+    return index.lookup(name).digest
