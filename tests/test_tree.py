@@ -11,7 +11,7 @@ import pytest
 
 from modelfs.demo import build_demo_store
 from modelfs.fsd import tool_dirs
-from modelfs.fsd.builder import TreeBuilder, short_path
+from modelfs.fsd.builder import NameTree, TreeBuilder, short_path
 from modelfs.fsd.mount import changed_entries
 from modelfs.fsd.nodes import BlobNode, DirNode, InodeTable, Node
 from modelfs.fsd.ops import ModelOperations
@@ -360,3 +360,29 @@ def test_what_a_build_counts_is_what_the_plans_show(tmp_path: Path) -> None:
 
 def manifests_of(index: StoreIndex, name: str) -> Digest:
     return index.lookup(name).digest
+
+
+def test_a_blob_keeps_its_inode_across_rebuilds_made_before_it_is_shown(tmp_path: Path) -> None:
+    """A blob's node is made when first shown; its number stays from tree to tree all the same
+    (and goes once the store no longer has the blob)."""
+    tiny = TinyStore(tmp_path)
+    tiny.gguf_model("a:1", payload=b"a")
+    builder = TreeBuilder(InodeTable())
+    first = builder.build(scan_store(tiny.root))
+    ops = ModelOperations(first, 0, 0, tiny.root)
+    weights = Digest.of_bytes(b"a")
+
+    def inode_of(tree: NameTree) -> int:
+        blobs = tree.root.children[".blobs"]
+        assert isinstance(blobs, DirNode)
+        return blobs.children[weights.blob_name].inode
+
+    before = inode_of(first)
+    for payload in (b"b", b"c"):  # two rebuilds, the blob not looked at in the first
+        tiny.gguf_model(f"{payload.decode()}:1", payload=payload)
+        ops.swap(builder.build(scan_store(tiny.root)))
+    assert inode_of(ops.tree) == before
+    tiny.layout.legacy_manifest(parse_name("a:1")).unlink()
+    tiny.layout.blob(weights).unlink()
+    ops.swap(builder.build(scan_store(tiny.root)))
+    assert ("blob", weights) not in builder.inodes._by_key

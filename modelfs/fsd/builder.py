@@ -41,7 +41,7 @@ from modelfs.fsd.nodes import (
     NodeSink,
     SymlinkNode,
 )
-from modelfs.fsd.plan import ModelPlan
+from modelfs.fsd.plan import GGUF_PATHS, ModelPlan, ModelShape
 from modelfs.fsd.tool_dirs import ToolDirs
 from modelfs.store.compat import CompatViews, ComputeCache, GGUFView
 from modelfs.store.compat.decisions import Decisions
@@ -100,9 +100,13 @@ class NameTree:
             self._build.builder.decisions.save()
 
     def retain_inodes(self, live: Container[int]) -> None:
-        """Let the inode table forget numbers not in `live` (see InodeTable.retain)."""
-        if self._build is not None:
-            self._build.inodes.retain(live)
+        """Let the inode table forget numbers not in `live` (see InodeTable.retain), but a
+        blob's while the store has it: its node is made when first shown, and keeps its number
+        from tree to tree as when every blob's node was made by the build."""
+        build = self._build
+        if build is not None:
+            has = build.index.has_blob
+            build.inodes.retain(live, lambda k: type(k) is tuple and k[0] == "blob" and has(k[1]))
 
     def retire(self) -> None:
         """A newer tree is served: what this one still makes never displaces the newer one's
@@ -200,7 +204,7 @@ class _Build(CompatDirs, ToolDirs):
         # Counted by the build from manifests' layers (`_count_place`), for the blob nodes
         # made after it: how many model directories show each blob, the media type it is
         # first met as, and which are shown as a .gguf file.
-        self.shapes: dict[Digest, _Shape] = {}
+        self.shapes: dict[Digest, ModelShape] = {}
         self.placed: dict[Digest, int] = {}  # model directories of each manifest
         self.place_links: dict[Digest, int] = {}
         self.media: dict[Digest, str] = {}
@@ -364,7 +368,7 @@ class _Build(CompatDirs, ToolDirs):
         plan = ModelPlan(files, shown, missing, config, len(subdirs), _tensor_key(files))
         return self.plans.setdefault(manifest.digest, plan)
 
-    def _shape(self, manifest: Manifest) -> _Shape:
+    def _shape(self, manifest: Manifest) -> ModelShape:
         """What a model directory of `manifest` shows, for counting, from its layers: what its
         plan (`_plan`, made when the directory is filled) gives, without making one."""
         shape = self.shapes.get(manifest.digest)
@@ -382,7 +386,7 @@ class _Build(CompatDirs, ToolDirs):
             paths = [f.path for f in model_files(manifest)]
         else:
             for kind in kinds:
-                path = _GGUF_PATHS.get(kind, "")
+                path = GGUF_PATHS.get(kind, "")
                 if path and path in paths:
                     path = f"-{path}"  # the next of a kind: model-2.gguf, still a .gguf file
                 paths.append(path)
@@ -408,7 +412,7 @@ class _Build(CompatDirs, ToolDirs):
             config = manifest.config.digest
             media.setdefault(config, manifest.config.media_type)
         tensors = tuple(x.digest for k, x in zip(kinds, layers, strict=True) if k == "tensor")
-        shape = _Shape(tuple(shown), config, tensors, model, projector)
+        shape = ModelShape(tuple(shown), config, tensors, model, projector)
         self.shapes[manifest.digest] = shape
         return shape
 
@@ -753,27 +757,6 @@ class _Build(CompatDirs, ToolDirs):
             self.merged_nodes[tensors] = node
             self.register(node)
         return node
-
-
-@dataclass(frozen=True, slots=True)
-class _Shape:
-    """What a model directory of one manifest shows, as the build counts it (`_shape`)."""
-
-    shown: tuple[Digest, ...]  # the layers' blobs present at the size the manifest says
-    config: Digest | None  # present
-    tensors: tuple[Digest, ...]  # what its `model.safetensors` is made of
-    model: Digest | None  # the blob shown as model.gguf
-    projector: Digest | None  # ... as mmproj.gguf
-
-
-# The .gguf name the first layer of each kind gets in a manifest without json layers
-# (store.tools.files; the next ones are -2, -3, still .gguf, and nothing else takes these).
-_GGUF_PATHS = {
-    "model": "model.gguf",
-    "projector": "mmproj.gguf",
-    "draft": "draft.gguf",
-    "adapter": "adapter.gguf",
-}
 
 
 def _tensor_key(files: list[ModelFile]) -> tuple[Digest, ...]:

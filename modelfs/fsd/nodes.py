@@ -41,11 +41,15 @@ class InodeTable:
             ino = self._by_key.setdefault(key, next(self._numbers))
         return ino
 
-    def retain(self, live: Container[int]) -> None:
-        """Forget the keys of inodes not in `live`. Called between builds only (from the
-        mount's loop, after a build finished): a key dropped here and met again later gets a
-        new number, which is right, as nothing that knew the old one is left."""
-        self._by_key = {k: ino for k, ino in self._by_key.items() if ino in live}
+    def retain(self, live: Container[int], keep: Callable[[Hashable], bool] | None = None) -> None:
+        """Forget the keys of inodes not in `live`, unless `keep(key)`. Called between builds
+        only (from the mount's loop, after a build finished): a key dropped here and met again
+        later gets a new number, which is right, as nothing that knew the old one is left."""
+        self._by_key = {
+            k: ino
+            for k, ino in self._by_key.items()
+            if ino in live or (keep is not None and keep(k))
+        }
 
     def __len__(self) -> int:
         return len(self._by_key)
