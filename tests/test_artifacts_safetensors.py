@@ -224,10 +224,36 @@ def test_a_docker_model_runner_safetensors_artifact_lands(
     assert registry_digest(registry, "docker.io/ai/tiny-st:latest") == digest
 
 
+def pax_tar(bodies: list[bytes], name: str, data: bytes, kind: bytes = tarfile.XHDTYPE) -> bytes:
+    """A tar of one member preceded by extended headers of the bodies given, as they are
+    (tarfile writes only well-formed ones)."""
+    out = b""
+    for body in bodies:
+        head = tarfile.TarInfo("././@PaxHeader")
+        head.size, head.type = len(body), kind
+        out += head.tobuf(tarfile.USTAR_FORMAT) + body + bytes(-len(body) % 512)
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    return out + info.tobuf(tarfile.USTAR_FORMAT) + data + bytes(-len(data) % 512 + 1024)
+
+
 def bad_tar(case: str) -> bytes:
-    """A tar whose members could not be a model's files, written by Python's tarfile."""
+    """A tar whose members could not be a model's files, written by Python's tarfile; or
+    whose headers lie to the stdlib's tar reader."""
     buf = io.BytesIO()
     data = shards()[0][2]
+    if case == "negative-size":  # the member would read the rest of the tar
+        return pax_tar([b"12 size=-10\n"], "model.safetensors", data)
+    if case == "pax-digits":  # quadratic in Python < 3.11.10's PAX parser (CVE-2024-6232)
+        return pax_tar([b"9" * 60_000 + b" "], "model.safetensors", data)
+    if case == "pax-chain":  # one recursion per header: a RecursionError
+        return pax_tar([b"26 path=model.safetensors\n"] * 2000, "model.safetensors", data)
+    if case == "sparse-map":  # tarfile parses it with int(): a ValueError
+        return pax_tar([b"22 GNU.sparse.map=a,b\n"], "model.safetensors", data)
+    if case == "non-utf8":  # tarfile gives the byte as a lone surrogate
+        return pax_tar([b"27 path=model\xff.safetensors\n"], "model.safetensors", data)
+    if case == "long-header":  # read whole into memory, however big
+        return pax_tar([b"m" * (128 << 10)], "x", data, tarfile.GNUTYPE_LONGNAME)
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
 
         def add(
@@ -270,6 +296,12 @@ BAD = {
     "duplicate": "appears twice",
     "huge": "more than 4096 members",
     "not-a-tar": "not an uncompressed tar",
+    "negative-size": "has a negative size",
+    "pax-digits": "a PAX header that is not PAX records",
+    "pax-chain": "more than 8 extended headers in a row",
+    "long-header": "an extended header of 131072 bytes",
+    "non-utf8": "not a plain relative path",
+    "sparse-map": "a GNU sparse file's PAX header",
 }
 
 
@@ -280,7 +312,11 @@ def test_a_tar_that_is_no_model_directory_is_refused_whole(
     case: str,
 ) -> None:
     """A weight tar with a member outside the model's directory, a link, a device, a FIFO, a
-    name twice, more members than a model has, or bytes that are no tar: one line naming why,
+    name twice, more members than a model has, or bytes that are no tar; headers that lie to
+    Python's tarfile (a negative PAX size, a PAX header of a long digit run, thousands of
+    headers in a row, a 128 KiB GNU long name) are refused before tarfile acts on them (the old
+    code took a member of size -10, spent quadratic time, or died of a RecursionError); one
+    line naming why,
     no traceback, and nothing left in the store (the blobs fetched for it go again)."""
     data = b"\x1f\x8b" + bytes(1022) if case == "not-a-tar" else bad_tar(case)
     layers = [(desc(MP + "weight.v1.tar", data), data)]
@@ -371,6 +407,7 @@ REFUSED = {
     "pickle": "no GGUF or safetensors weights",
     "broken": "model.safetensors: header length",
     "twice": "two files are named 'model.safetensors'",
+    "not-gguf": "model.gguf is no GGUF file (it starts b'\\x80\\x02}q'); refused",
 }
 
 
@@ -381,8 +418,9 @@ def test_weights_ollama_cannot_run_are_one_line_and_nothing_left(
     case: str,
 ) -> None:
     """GGUF and safetensors weights together, a pickled `pytorch_model.bin`, a `.safetensors`
-    file that is none, two layers naming one file: one line, and the blobs fetched for the
-    artifact removed again."""
+    file that is none, two layers naming one file, a `.gguf` file that is none (the old code
+    landed it as the model): one line, and the blobs fetched for the artifact removed
+    again."""
     good = shards()[0][2]
     raw = MP + "weight.v1.raw"
     files = {
@@ -390,6 +428,7 @@ def test_weights_ollama_cannot_run_are_one_line_and_nothing_left(
         "pickle": [("pytorch_model.bin", b"\x80\x02}q\x00.")],
         "broken": [("model.safetensors", (1 << 40).to_bytes(8, "little") + b"{}")],
         "twice": [("model.safetensors", good), ("model.safetensors", good + b" ")],
+        "not-gguf": [("model.gguf", b"\x80\x02}q\x00.")],
     }[case]
     layers = [(desc(raw, data, **{FP: path}), data) for path, data in files]
     name = f"ghcr.io/bad/{case}:v1"

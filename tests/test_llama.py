@@ -71,8 +71,21 @@ def test_llama_cpp_loads_a_gguf_by_its_lmstudio_path(tmp_path: Path) -> None:
 
 # Run in a child process: a GGUF llama.cpp cannot run may crash it (SIGSEGV in llama_decode),
 # which must fail the test, not end pytest. Each line of stdout: path, then 8 token ids.
+#
+# Weights are not repacked into llama.cpp's "extra" CPU buffer types: on a CPU with AMX
+# (Sapphire Rapids and later), the AMX matmul of the llama.cpp that llama-cpp-python 0.3.36
+# bundles (ggml_backend_amx_mul_mat) crashes with SIGSEGV on the first decode of every demo
+# GGUF (K-quants), blob or mount alike; without the repack the same weights decode. The bytes
+# under test are the same either way.
 _GENERATE = """
 import json, sys, llama_cpp
+import llama_cpp.llama
+_defaults = llama_cpp.llama_model_default_params
+def _no_repack():
+    params = _defaults()
+    params.use_extra_bufts = False
+    return params
+llama_cpp.llama.llama_cpp.llama_model_default_params = _no_repack
 for path in sys.argv[1:]:
     print("decoding", path, file=sys.stderr, flush=True)
     llm = llama_cpp.Llama(model_path=path, n_ctx=64, n_threads=2, seed=0, verbose=False)

@@ -306,3 +306,89 @@ def test_what_ls_read_from_a_blob_goes_when_blobs_changes(
     tmp.rename(template)
     time.sleep(SETTLE)
     assert capabilities() == ["insert"]
+
+
+def test_manifests_from_the_index_answer_as_parsed_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A warm scan leaves the index's manifests unbuilt (store.index.lazy); each answers as
+    the one a fresh scan parses: fields, equality either way round, hash, pickle, repr."""
+    import pickle
+
+    from modelfs.store.index.lazy import LazyManifest, LazyManifestList
+    from modelfs.store.manifest import Manifest, ManifestList
+
+    monkeypatch.setattr(indexfile, "RACY_NS", RACY_NS)
+    tiny = TinyStore(tmp_path / "models")
+    editor = Editor(tiny, random.Random(1))
+    tiny.legacy("a:1", editor.plain())
+    lst = tiny.manifest_list([(editor.plain(), "llamacpp", "gguf"), (editor.plain(), "mlx", "")])
+    tiny.v2("l:latest", lst)
+    time.sleep(SETTLE)
+    scan_store(tiny.root, ScanCache.open(tiny.layout))
+    warm, fresh = scan_store(tiny.root, ScanCache.open(tiny.layout)), scan_store(tiny.root)
+    pairs = [(warm.lookup(n).top, fresh.lookup(n).top) for n in ("a:1", "l:latest")] + [
+        (v.manifest, f.manifest)
+        for v, f in zip(warm.lookup("l").variants, fresh.lookup("l").variants, strict=True)
+    ]
+    assert {type(lazy) for lazy, _ in pairs} == {LazyManifest, LazyManifestList}
+    for i, (lazy, plain) in enumerate(pairs):
+        if i % 2:
+            assert plain == lazy and hash(lazy) == hash(plain)
+        else:
+            assert lazy.raw == plain.raw and lazy.digest == plain.digest
+        assert type(lazy) in (Manifest, ManifestList)  # built whole once read
+        assert lazy == plain and repr(lazy) == repr(plain)
+        assert pickle.loads(pickle.dumps(lazy)) == plain
+    assert answer(warm) == answer(fresh)
+
+
+def test_a_kept_listing_is_not_used_for_another_directory_behind_a_link(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The walk follows links to directories, as Ollama's Glob does; a directory swapped in
+    behind one (the link and its folder untouched) is listed, not taken for the one before."""
+    monkeypatch.setattr(indexfile, "RACY_NS", RACY_NS)
+    tiny = TinyStore(tmp_path / "models")
+    tiny.gguf_model("a:1")
+    library = tiny.layout.manifests / "registry.ollama.ai" / "library"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    library.rename(elsewhere / "current")
+    library.symlink_to(elsewhere / "current")
+    tiny.gguf_model("b:1")  # through the link
+    (elsewhere / "current" / "b").rename(elsewhere / "b")
+    time.sleep(SETTLE)
+    cache = ScanCache.open(tiny.layout)
+    assert [e.name.shortest for e in scan_store(tiny.root, cache)] == ["a:1"]
+    cache.save()
+    (elsewhere / "other").mkdir()
+    (elsewhere / "b").rename(elsewhere / "other" / "b")
+    (elsewhere / "current").rename(elsewhere / "old")
+    (elsewhere / "other").rename(elsewhere / "current")
+    time.sleep(SETTLE)
+    for cached in (cache, ScanCache.open(tiny.layout)):
+        assert answer(scan_store(tiny.root, cached)) == answer(scan_store(tiny.root))
+        assert [e.name.shortest for e in scan_store(tiny.root, cached)] == ["b:1"]
+
+
+def test_the_index_is_not_rewritten_while_the_store_is_too_new_to_keep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Saved only when something changed: while blobs/ is within the racy margin, its listing
+    is not kept, nor what depends on it, and a scan that keeps nothing new writes nothing."""
+    monkeypatch.setattr(indexfile, "RACY_NS", RACY_NS)
+    tiny = TinyStore(tmp_path / "models")
+    tiny.gguf_model("a:1")
+    time.sleep(SETTLE)
+    scan_store(tiny.root, ScanCache.open(tiny.layout))
+    (tiny.layout.blobs / "partial").write_bytes(b"")  # blobs/ changed, as a pull changes it
+    monkeypatch.setattr(indexfile, "RACY_NS", 3600 * 10**9)  # and too new to keep from now on
+    scan_store(tiny.root, ScanCache.open(tiny.layout))  # the listing kept goes: saved
+    index = tiny.layout.state / scancache.FILE_NAME
+    saved = index.stat()  # each save renames a new file over it
+    for _ in range(2):
+        time.sleep(SETTLE)
+        scan_store(tiny.root, ScanCache.open(tiny.layout))
+    now = index.stat()
+    assert (now.st_ino, now.st_mtime_ns) == (saved.st_ino, saved.st_mtime_ns)

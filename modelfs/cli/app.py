@@ -109,9 +109,13 @@ or `modelfs serve`. With --repair-from, each corrupt or missing blob is fetched 
 peers, verified, and its quarantined copy deleted.
 
 Cache: <store>/.modelfs/verify/cache.json records, for each blob that passed a full check, its
-inode, size, mtime and xxh3. A full run hashes every blob with sha256 (and xxh3). --quick
-hashes with xxh3 only the blobs whose inode, size and mtime match the cache, confirming any
-mismatch with sha256, and fully checks the rest; every byte is still read.
+stat stamp (inode, size, mtime, ctime) and, for a blob of 1 MiB or more, the xxh3 of a sample of
+16 pieces of it (at most a 16th). A full run hashes every blob with sha256, reading every byte.
+--quick passes a blob whose stamp matches the cache (and whose sample still hashes the same)
+and fully checks the rest. ctime cannot be set back, so any write to a blob through the
+filesystem, even with its mtime restored, is caught; damage below the filesystem (a failing
+disk returning other bytes) is caught by --quick only where it hits the sample: run a full
+verify for that now and then.
 """
 
 
@@ -372,7 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="xxh3 instead of sha256 for blobs unchanged since their last full check",
+        help="trust blobs whose stat stamp (and sample) match their last full check",
     )
     p.add_argument(
         "--repair-from",

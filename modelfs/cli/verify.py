@@ -19,7 +19,7 @@ def _names(owners: list[Owner]) -> str:
 def render(report: Report) -> str:
     out: list[str] = []
     how = (
-        f"{report.sha256} by sha256, {report.xxh3_only} by xxh3 against the last full check"
+        f"{report.sha256} by sha256, {report.xxh3_only} unchanged since the last full check"
         if report.mode == "quick"
         else "sha256 of each"
     )

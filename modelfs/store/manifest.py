@@ -240,6 +240,13 @@ def _manifest_fields(
     for type; the config and layers are then checked one by one."""
     media_type = _str(obj, "mediaType", source) or MEDIA_MANIFEST
     layers_obj = obj.get("layers")
+    if not isinstance(layers_obj, list) and isinstance(obj.get("manifests"), list):
+        # An OCI image index or a Docker manifest list (a multi-platform image, an artifact
+        # per platform): said as what it is, not as a manifest missing its layers.
+        raise ManifestError(
+            f"{source}: an image index ({media_type}), not a model's manifest; only Ollama's "
+            "manifest lists and single manifests are pulled"
+        )
     if not isinstance(layers_obj, list):
         raise ManifestError(f"{source}: 'layers' is missing or not a list")
     runner = _str(obj, "runner", source) or None

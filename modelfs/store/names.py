@@ -50,8 +50,15 @@ class Name:
         return name
 
     def check(self) -> None:
-        parts = (self.host, self.namespace, self.model, self.tag)
-        if all(type(p) is str for p in parts) and _FULL.fullmatch("/".join(parts)) is not None:
+        host, namespace, model, tag = self.host, self.namespace, self.model, self.tag
+        # Spelled out, not all() over a generator: a scan checks every tag's name.
+        if (
+            type(host) is str
+            and type(namespace) is str
+            and type(model) is str
+            and type(tag) is str
+            and _FULL.fullmatch(f"{host}/{namespace}/{model}/{tag}") is not None
+        ):
             return
         for part, regex, what in (
             (self.host, _HOST, "host"),

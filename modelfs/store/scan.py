@@ -1,4 +1,5 @@
-"""A read-only snapshot of a store: every tag, what it points to, and what is wrong.
+"""How a store is read into a StoreIndex (store.index.found): every tag, what it points to,
+and what is wrong; with a ScanCache, only what changed since the last scan is read again.
 
 Problems (stray files, broken manifests, missing or misnamed blobs) are data, never
 exceptions: one bad file must not hide the rest of the store, and must not be deleted.
@@ -12,8 +13,6 @@ import logging
 import os
 import re
 import stat
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from modelfs.store.collector import cycles_uncollected
@@ -21,355 +20,76 @@ from modelfs.store.digest import Digest, forget_parsed, is_blob_name
 from modelfs.store.disk.fileio import read_file, read_file_stat
 from modelfs.store.disk.prefetch import HEAD, cached, prefetch
 from modelfs.store.disk.tree import STRAY_DIRECTORY as STRAY_DIRECTORY
-from modelfs.store.disk.tree import TreeItem
 from modelfs.store.disk.tree import walk_manifest_tree as walk_manifest_tree
 from modelfs.store.errors import (
     InvalidDigestError,
     InvalidNameError,
     ManifestError,
-    ModelNotFoundError,
     StoreError,
+)
+from modelfs.store.index.dirs import Listed, walk_tree_kept
+from modelfs.store.index.found import (
+    DEFAULT_PREFER,
+    STRAY_KINDS,
+    BlobInfo,
+    Entry,
+    Problem,
+    StoreIndex,
+    Variant,
+    child_runner,
+    child_variant,
+    choose_variant,
+    listed_tag,
+    ollama_entries,
+    rank_children,
+    runner_rank,
 )
 from modelfs.store.index.indexfile import Stamp, racy, stamp
 from modelfs.store.index.indexfile import started as scan_started
-from modelfs.store.index.scancache import Listing, Parsed
+from modelfs.store.index.scancache import DirListing, Listing, Parsed, Recipe
 from modelfs.store.index.scancache import ScanCache as ScanCache
 from modelfs.store.layout import Layout
 from modelfs.store.manifest import (
-    MAX_CONFIG_BYTES,
     MAX_MANIFEST_BYTES,
     ListChild,
     Manifest,
     ManifestList,
-    ModelConfig,
     infer_runner,
-    parse_config,
     parse_manifest,
 )
-from modelfs.store.names import Name, name_from_path_parts, parse_name
-from modelfs.store.tagid import TagId, tag_ids
+from modelfs.store.names import Name, name_from_path_parts
+
+# What a scan finds is defined beside the index (store.index.found); callers import it here.
+__all__ = [
+    "DEFAULT_PREFER",
+    "STRAY_DIRECTORY",
+    "STRAY_KINDS",
+    "BlobInfo",
+    "Entry",
+    "Problem",
+    "ScanCache",
+    "Scanner",
+    "StoreIndex",
+    "Variant",
+    "child_runner",
+    "child_variant",
+    "choose_variant",
+    "listed_tag",
+    "ollama_entries",
+    "rank_children",
+    "read_limited",
+    "removed_tag",
+    "runner_rank",
+    "scan_store",
+    "walk_manifest_tree",
+]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PREFER: tuple[str, ...] = ("llamacpp", "ggml", "mlx")
+DirEntry = os.DirEntry[str] | Listed  # a tag file as the walk gives it
+Item = tuple[tuple[str, ...], DirEntry | None, str]
+
 _RUNNER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,79}")
-
-
-@dataclass(frozen=True, slots=True)
-class Problem:
-    """Something wrong in the store, found by a scan. `path` is relative to the root."""
-
-    kind: str  # stray | removed-tag | bad-manifest | missing-blob | bad-blob | foreign-blob
-    path: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.path}: {self.message}"
-
-
-# What `verify` and `gc` call a stray (a file that is no model: kept, reported, GC goes on);
-# every command says it in that word.
-STRAY_KINDS = frozenset({"stray", "bad-blob", "removed-tag"})
-
-
-@dataclass(frozen=True, slots=True)
-class Variant:
-    """One runnable manifest of a tag: the tag itself, or one child of its manifest list."""
-
-    manifest: Manifest
-    runner: str | None
-    format: str | None
-    from_list: bool
-
-
-# The runner a list child's format implies when the list names none, as Ollama infers it.
-_FORMAT_RUNNER = {"safetensors": "mlx", "gguf": "ggml"}
-
-
-def child_runner(
-    child: ListChild, manifest: Manifest | None = None, config: ModelConfig | None = None
-) -> str | None:
-    """The runner of a list's child: the list's own field, else what its manifest (when at
-    hand) targets, else what the list's format implies."""
-    if child.runner:
-        return child.runner
-    manifest = child.inline or manifest
-    if manifest is not None:
-        inferred = infer_runner(manifest, config)
-        if inferred:
-            return inferred
-    return _FORMAT_RUNNER.get((child.format or "").lower())
-
-
-def runner_rank(runner: str | None, prefer: Iterable[str]) -> int:
-    """Where `runner` stands in `prefer` (case-insensitive); after all of them if absent."""
-    order = [p.lower() for p in prefer]
-    r = (runner or "").lower()
-    return order.index(r) if r in order else len(order)
-
-
-def rank_children(
-    lst: ManifestList,
-    prefer: Iterable[str] = DEFAULT_PREFER,
-    manifests: Mapping[Digest, Manifest] | None = None,
-) -> list[int]:
-    """Every child's index, best first by `prefer` (list order breaks ties). The one ranking
-    of variants: what a pull fetches (its first) and what the mount shows at the plain tag
-    (`choose_variant`, the first of those present) agree. `manifests` are the child manifests
-    at hand, by digest; a child the list gives no runner is ranked by its manifest's."""
-    prefer = tuple(prefer)
-    known = manifests or {}
-
-    def key(i: int) -> tuple[int, int]:
-        child = lst.children[i]
-        return (runner_rank(child_runner(child, known.get(child.digest)), prefer), i)
-
-    return sorted(range(len(lst.children)), key=key)
-
-
-def child_variant(child: ListChild, manifest: Manifest, config: ModelConfig | None) -> Variant:
-    """A list's child as a variant: runner and format from the list, else inferred."""
-    runner = child_runner(child, manifest, config)
-    fmt = child.format or manifest.format or (config.model_format if config else None)
-    return Variant(manifest, runner, fmt or None, True)
-
-
-def choose_variant(
-    variants: Iterable[Variant], prefer: Iterable[str] = DEFAULT_PREFER
-) -> Variant | None:
-    """The first variant by `prefer` (the ranking of `rank_children`), then any other; None
-    when there is none."""
-    prefer = tuple(prefer)
-    return min(variants, key=lambda v: runner_rank(v.runner, prefer), default=None)
-
-
-@dataclass(slots=True)
-class Entry:
-    """A tag in the store and what it resolves to."""
-
-    name: Name
-    source: str  # "v2" | "legacy"
-    file: str  # the tag file's path, as listed
-    rel: str  # the same, relative to the store's root (as problems name it)
-    top: Manifest | ManifestList
-    mtime_ns: int  # the tag file's (for a `manifests-v2/` link, the manifest blob's)
-    variants: tuple[Variant, ...]
-    absent_children: tuple[ListChild, ...] = ()
-    anchor_mtime_ns: int | None = None  # a `manifests-v2/` tag's legacy anchor's, if any
-
-    @property
-    def path(self) -> Path:
-        # Made when asked: a Path per tag was a tenth of a scan, and few callers want one.
-        return Path(self.file)
-
-    @property
-    def modified_ns(self) -> int:
-        """The tag's modified time, one for every command (`ls`, `ls --json`, `show`, the
-        mount's mtimes): for a tag with a legacy anchor beside its `manifests-v2/` link, the
-        anchor's mtime, since the anchor is what Ollama's /api/tags lists for it (ollama/ollama
-        fb30760 manifest/manifest.go:175-227, server/model_list_cache.go:311-330); else the
-        tag file's."""
-        return self.mtime_ns if self.anchor_mtime_ns is None else self.anchor_mtime_ns
-
-    @property
-    def digest(self) -> Digest:
-        """The digest of the bytes the tag names (a list's own digest for a list)."""
-        return self.top.digest
-
-    def preferred(self, prefer: Iterable[str] = DEFAULT_PREFER) -> Variant | None:
-        """The variant to show at the plain tag: first by `prefer`, then any other present."""
-        return choose_variant(self.variants, prefer)
-
-    def wanted_child(self, prefer: Iterable[str] = DEFAULT_PREFER) -> ListChild | None:
-        """For a manifest list, the child a pull by `prefer` fetches; None for a plain tag."""
-        if not isinstance(self.top, ManifestList) or not self.top.children:
-            return None
-        known = {v.manifest.digest: v.manifest for v in self.variants}
-        return self.top.children[rank_children(self.top, prefer, known)[0]]
-
-    def tag_ids(self, prefer: Iterable[str] = DEFAULT_PREFER) -> TagId:
-        """The tag's ID as every command and log line shows it (store.tagid): for a list,
-        with the child `prefer` makes this host use."""
-        if not isinstance(self.top, ManifestList):
-            return tag_ids(self.digest)
-        chosen = self.preferred(prefer)
-        if chosen is None:
-            return tag_ids(self.digest, is_list=True)
-        return tag_ids(
-            self.digest, is_list=True, child=chosen.manifest.digest, runner=chosen.runner
-        )
-
-    def tag_id(self, prefer: Iterable[str] = DEFAULT_PREFER) -> str:
-        """tag_ids as the sentence a table or log line shows."""
-        return str(self.tag_ids(prefer))
-
-    def variant(self, runner: str) -> Variant | None:
-        for v in self.variants:
-            if v.from_list and (v.runner or "").lower() == runner.lower():
-                return v
-        return None
-
-
-@dataclass(slots=True)
-class BlobInfo:
-    size: int
-    mtime: float
-
-
-@dataclass
-class StoreIndex:
-    layout: Layout
-    entries: dict[tuple[str, str, str, str], Entry] = field(default_factory=dict)
-    # Legacy files that `entries` does not show: hidden by a v2 tag of the same name (the
-    # anchor), or spelled like another one but for case (Ollama lists `Foo` and `foo` both).
-    hidden: list[Entry] = field(default_factory=list)
-    problems: list[Problem] = field(default_factory=list)
-    blob_names: set[str] = field(default_factory=set)
-    _configs: dict[Digest, ModelConfig | None] = field(default_factory=dict, repr=False)
-    _blob_info: dict[str, BlobInfo | None] = field(default_factory=dict, repr=False)  # by hex
-    _blobs_fd: int | None = field(default=None, repr=False)  # blobs/, open during the scan
-    # Blob sizes by hex from the scan index, while blobs/ is as it was when they were taken (a
-    # blob's bytes change only by a rename into blobs/: store.index.scancache); and the sizes
-    # this index's checks used, for the next.
-    _sizes: dict[str, int | None] | None = field(default=None, repr=False)
-    _sizes_used: dict[str, int | None] = field(default_factory=dict, repr=False)
-    cache: ScanCache | None = field(default=None, repr=False)
-
-    # -- lookups -------------------------------------------------------------------------
-    def __iter__(self) -> Iterator[Entry]:
-        return iter(self.entries.values())
-
-    def __len__(self) -> int:
-        return len(self.entries)
-
-    def lookup(self, name: Name | str) -> Entry:
-        """Case-insensitive lookup, as Ollama's getExistingName; raise ModelNotFoundError."""
-        parsed = parse_name(name) if isinstance(name, str) else name
-        entry = self.entries.get(parsed.key)
-        if entry is None:
-            raise ModelNotFoundError(f"model {str(name)!r} not found")
-        return entry
-
-    def has_blob(self, digest: Digest) -> bool:
-        return digest.blob_name in self.blob_names
-
-    def blob_info(self, digest: Digest) -> BlobInfo | None:
-        """Size and mtime of a present blob, or None (absent, or not a regular file)."""
-        hex_ = digest.hex
-        known = self._blob_info
-        return known[hex_] if hex_ in known else self._look_at_blob(hex_)
-
-    def _blob(self, name: str) -> tuple[str, int | None]:
-        """A blob as the system calls take it: its name in blobs/ while a scan holds that
-        directory open (a scan looks at thousands, and each full path is a walk of the
-        tree), else its path (a string, not layout.blob(): a Path costs more than the look)."""
-        fd = self._blobs_fd
-        return (name, fd) if fd is not None else (f"{self.layout.blobs}/{name}", None)
-
-    def _look_at_blob(self, hex_: str) -> BlobInfo | None:
-        info: BlobInfo | None = None
-        name = "sha256-" + hex_
-        if name in self.blob_names:
-            try:
-                path, fd = self._blob(name)
-                st = os.stat(path, dir_fd=fd, follow_symlinks=False)
-                if stat.S_ISREG(st.st_mode):
-                    info = BlobInfo(st.st_size, st.st_mtime)
-            except OSError:
-                pass
-        self._blob_info[hex_] = info
-        return info
-
-    def config(self, manifest: Manifest) -> ModelConfig | None:
-        """The parsed config blob of a manifest; None when absent or unreadable."""
-        if manifest.config is None:
-            return None
-        digest = manifest.config.digest
-        if digest not in self._configs:
-            known = self.cache.configs.get(digest) if self.cache is not None else None
-            if known is not None and self.has_blob(digest):
-                self._configs[digest] = known
-            else:
-                self._configs[digest] = self._read_config(digest)
-        return self._configs[digest]
-
-    def _read_config(self, digest: Digest) -> ModelConfig | None:
-        if not self.has_blob(digest):
-            return None
-        try:
-            path, fd = self._blob(digest.blob_name)
-            raw = read_file(path, MAX_CONFIG_BYTES, dir_fd=fd)
-            return parse_config(raw, f"blobs/{digest.blob_name}")
-        except (OSError, StoreError) as exc:
-            log.warning("config %s: %s", digest, exc)
-            return None
-
-    def missing_blobs(self, manifest: Manifest) -> list[Digest]:
-        """Blobs the manifest needs that are absent or shorter/longer than it says."""
-        # By hex, not by Digest: a str keeps its hash, a Digest computes one per lookup, and
-        # a scan asks this of every layer of every model.
-        sizes: dict[str, tuple[Digest, int]] = {}
-        for layer in manifest.layers:
-            sizes[layer.digest.hex] = (layer.digest, layer.size)
-        if manifest.config is not None:
-            sizes[manifest.config.digest.hex] = (manifest.config.digest, manifest.config.size)
-        known, trusted, used = self._blob_info, self._sizes, self._sizes_used
-        missing = []
-        for hex_, (digest, size) in sizes.items():
-            if trusted is not None and hex_ in trusted:
-                got = trusted[hex_]
-            else:
-                info = known[hex_] if hex_ in known else self._look_at_blob(hex_)
-                got = None if info is None else info.size
-            used[hex_] = got
-            if got != size:
-                missing.append(digest)
-        return missing
-
-    def lacks_wanted(
-        self, entry: Entry, prefer: Iterable[str] = DEFAULT_PREFER
-    ) -> ListChild | None:
-        """The child of a list that a pull by `prefer` wants and this store does not hold
-        whole (its manifest, config and layers); None when it does, or for a plain tag."""
-        child = entry.wanted_child(prefer)
-        if child is None:
-            return None
-        for v in entry.variants:
-            if v.manifest.digest == child.digest and not self.missing_blobs(v.manifest):
-                return None
-        return child
-
-    def sorted_entries(self) -> list[Entry]:
-        """Newest first, as `ollama list`; ties by name for a stable order."""
-        return sorted(self.entries.values(), key=lambda e: (-e.modified_ns, e.name.shortest))
-
-
-def ollama_entries(index: StoreIndex) -> list[Entry]:
-    """The tags Ollama's /api/tags would list, newest first by whole seconds, as its
-    sortListModelResponses (server/model_list_cache.go:865-870); ties by name.
-
-    Ollama at ollama/ollama fb30760 reads only `manifests/` (manifest/manifest.go:175-227):
-    for a tag that is a manifest list, the legacy anchor (the llamacpp child plus references
-    to the list's blobs) is what it lists; every legacy spelling (`Foo` and `foo`) is a model
-    of its own. A tag only in `manifests-v2/`, which it does not read, is listed after
-    Ollama's manifest-list branch: by its preferred child.
-    """
-    legacy = [e for e in index if e.source == "legacy"] + index.hidden
-    anchored = {e.name.key for e in index.hidden}
-    v2_only = [e for e in index if e.source == "v2" and e.name.key not in anchored]
-    return sorted(
-        legacy + v2_only, key=lambda e: (-(e.modified_ns // 1_000_000_000), e.name.shortest)
-    )
-
-
-def listed_tag(index: StoreIndex, entry: Entry) -> Entry:
-    """The tag a listed entry stands for: a list's legacy anchor stands for the list, whose
-    digest is the ID every other command shows (store.tagid)."""
-    if entry.source == "legacy":
-        shown = index.entries.get(entry.name.key)
-        if shown is not None and shown.source == "v2":
-            return shown
-    return entry
 
 
 def read_limited(path: Path | str, limit: int) -> bytes:
@@ -421,11 +141,18 @@ class Scanner:
         self._started = scan_started()
         self._prefix = str(layout.root).rstrip("/") + "/"
         self._manifest_blobs: dict[Digest, Manifest | ManifestList | StoreError] = {}
+        self._recipes: dict[str, Recipe] = {}  # the cache's, while blobs/ is as it was
+        self._made: dict[str, Recipe] = {}  # this scan's, for the next
+        self._remade = 0  # recipes worked out afresh
+        self._dirs: dict[str, DirListing] = {}
+        self._blobs_dev = -1  # blobs/'s device when it is as the cache's listing has it
 
     def scan(self) -> StoreIndex:
         blob_paths = self._list_blobs()
+        if self.cache is not None and self.index._sizes is not None:
+            self._recipes = self.cache.entries
         trees = [
-            (root, v2, list(walk_manifest_tree(root)))
+            (root, v2, self._walk(root))
             for root, v2 in ((self.layout.manifests_v2, True), (self.layout.manifests, False))
         ]
         # The first scan of a long-lived view (a mount, a server) reads everything and waits on
@@ -448,8 +175,7 @@ class Scanner:
             for root, v2, items in trees:
                 self._scan_tree(root, items, v2=v2)
             for entry in self.index.entries.values():
-                for variant in entry.variants:
-                    self._check_blobs(entry, variant)
+                self._check_entry(entry)
         finally:
             if self.index._blobs_fd is not None:
                 os.close(self.index._blobs_fd)
@@ -461,22 +187,37 @@ class Scanner:
             forget_parsed()
         return self.index
 
+    def _walk(self, root: Path) -> list[Item]:
+        if self.cache is None:
+            return list(walk_manifest_tree(root))
+        return list(walk_tree_kept(root, self.cache.dirs, self._dirs, self._started))
+
     def _keep(self, cache: ScanCache) -> None:
         """Leave in `cache` what this scan met, and mark it for saving when that differs."""
         configs = {d: c for d, c in self.index._configs.items() if c is not None}
+        if self._recipes:  # the configs of the entries recalled were not asked again
+            configs = {**cache.configs, **configs}
         listing, used = self._listing, self.index._sizes_used
         if listing is not None and used.keys() != listing[3].keys():
             listing = (*listing[:3], used)
+        dirs = self._dirs
+        # Recipes hold only with the listing they were made under: none without one.
+        made, remade = (self._made, self._remade) if listing is not None else ({}, 0)
         same = (
             not self._read
+            and not remade
             and listing is cache.listing
             and len(self._met) == len(cache.manifests)
             and len(self._links) == len(cache.links)
             and len(self._blob_met) == len(cache.blob_manifests)
+            and len(made) == len(cache.entries)
             and configs.keys() == cache.configs.keys()
+            and len(dirs) == len(cache.dirs)
+            and all(v is cache.dirs.get(k) for k, v in dirs.items())
         )
         cache.manifests, cache.links, cache.blob_manifests = self._met, self._links, self._blob_met
         cache.configs, cache.dirty = configs, cache.dirty or not same
+        cache.entries, cache.dirs = made, dirs
         cache.keep_listing(listing)
 
     # -- blobs ---------------------------------------------------------------------------
@@ -489,7 +230,10 @@ class Scanner:
         key = None if dst is None else (dst.st_ino, dst.st_mtime_ns)  # as Listing says
         known = self.cache.listing if self.cache is not None else None
         if known is not None and known[0] == key:
+            assert dst is not None
+            self._blobs_dev = dst.st_dev
             self._listing, self.index._sizes, self.index.blob_names = known, known[3], set(known[1])
+            self.index._sizes_used = dict(known[3])  # the recalled entries' checks used them
             self.index.problems += [Problem(*p) for p in known[2]]
             return paths
         first = len(self.index.problems)
@@ -531,27 +275,29 @@ class Scanner:
                     self._problem("stray", f"blobs/{de.name}", "not a blob name")
 
     # -- manifests -----------------------------------------------------------------------
-    def _scan_tree(self, root: Path, items: list[TreeItem], *, v2: bool) -> None:
+    def _scan_tree(self, root: Path, items: list[Item], *, v2: bool) -> None:
         top = root.name
+        entries = self.index.entries
         for parts, de, problem in items:
-            rel = "/".join((top, *parts))
             if problem:
+                rel = "/".join((top, *parts))
                 self._problem("stray", rel, problem)
                 continue
             assert de is not None
             try:
                 name = name_from_path_parts(parts, v2=v2)
             except InvalidNameError:
-                self._problem("stray", rel, "not a valid model name")
+                self._problem("stray", "/".join((top, *parts)), "not a valid model name")
                 continue
             key = name.key
-            shown = self.index.entries.get(key)
+            shown = entries.get(key)
             if shown is not None and v2:
-                self._problem("stray", rel, f"duplicate of {shown.file}")
+                self._problem("stray", "/".join((top, *parts)), f"duplicate of {shown.file}")
                 continue
             try:
                 entry = self._read_entry(name, de, v2=v2)
             except StoreError as exc:
+                rel = "/".join((top, *parts))
                 removed = removed_tag(self.layout, de.path) if v2 else None
                 if removed is not None:
                     # The legacy file of the same name, if any (Ollama's re-pull), is the tag.
@@ -560,63 +306,109 @@ class Scanner:
                     self._problem("bad-manifest", rel, str(exc).removeprefix(f"{rel}: "))
                 continue
             except Exception as exc:
+                rel = "/".join((top, *parts))
                 # Whatever a hostile file does, it costs only its own entry, never the scan.
                 log.exception("%s: unexpected error", rel)
                 self._problem("bad-manifest", rel, f"unreadable ({type(exc).__name__}: {exc})")
                 continue
             if shown is None:
-                self.index.entries[key] = entry
+                entries[key] = entry
                 continue
             # v2 hides legacy for the same name (the legacy file is an anchor); two legacy
             # spellings of one name are one model here, two for Ollama.
             self.index.hidden.append(entry)
             if shown.source == "legacy":
-                self._problem("stray", rel, f"duplicate of {shown.file}")
+                self._problem("stray", entry.rel, f"duplicate of {shown.file}")
             elif shown.anchor_mtime_ns is None or entry.mtime_ns > shown.anchor_mtime_ns:
                 # Two legacy spellings of one anchor (Ollama lists both): the newer is its time.
                 shown.anchor_mtime_ns = entry.mtime_ns
 
-    def _read_entry(self, name: Name, de: os.DirEntry[str], *, v2: bool) -> Entry:
+    def _read_entry(self, name: Name, de: DirEntry, *, v2: bool) -> Entry:
         # Strings in this loop: it runs once per tag, and Path arithmetic was a fifth of it.
         path = de.path
         rel = path[len(self._prefix) :]  # walk_manifest_tree's paths are below the root
-        top, mtime_ns = self._parsed_manifest_file(de, rel, v2=v2)
+        top, mtime_ns, hit = self._parsed_manifest_file(de, rel, v2=v2)
+        recipe = self._recipes.get(path) if hit else None
+        recalled = None if recipe is None else self._recalled(top, rel, recipe)
+        if recalled is not None:
+            variants, absent = recalled
+            self._made[path] = recipe  # type: ignore[assignment]  # not None with recalled
+        else:
+            variants, absent = self._worked_out(top, rel, path)
+        return Entry(name, "v2" if v2 else "legacy", path, rel, top, mtime_ns, variants, absent)
+
+    def _worked_out(
+        self, top: Parsed, rel: str, path: str
+    ) -> tuple[tuple[Variant, ...], tuple[ListChild, ...]]:
+        """A tag's variants and absent children, read; a recipe of them for the next scan."""
+        first, unread = len(self.index.problems), self.index._unread_configs
         if isinstance(top, ManifestList):
-            variants, absent = self._resolve_list(top, rel)
+            variants, absent, spec, absent_at = self._resolve_list(top, rel)
         else:
             config = self.index.config(top)
             runner = infer_runner(top, config)
             fmt = top.format or (config.model_format if config else None) or None
             variants, absent = (Variant(top, runner, fmt, False),), ()
-        return Entry(
-            name=name,
-            source="v2" if v2 else "legacy",
-            file=path,
-            rel=rel,
-            top=top,
-            mtime_ns=mtime_ns,
-            variants=variants,
-            absent_children=absent,
-        )
+            spec, absent_at = ((None, runner, fmt),), ()
+        if spec is not None and self.cache is not None and self.index._unread_configs == unread:
+            found = tuple((p.kind, p.message) for p in self.index.problems[first:])
+            self._made[path] = (spec, absent_at, found, None)
+            self._remade += 1
+        return variants, absent
+
+    def _recalled(
+        self, top: Parsed, rel: str, recipe: Recipe
+    ) -> tuple[tuple[Variant, ...], tuple[ListChild, ...]] | None:
+        """A tag's variants and absent children as its recipe has them (scancache.Recipe),
+        touching no manifest: their layers and digests are built when someone asks."""
+        spec, absent_at, problems, _ = recipe
+        absent: tuple[ListChild, ...] = ()
+        if isinstance(top, ManifestList):
+            assert self.cache is not None
+            known, variants = self.cache.blob_manifests, []
+            for blob, runner, fmt in spec:
+                hit = None if blob is None else known.get(blob)
+                if hit is None or not isinstance(hit[1], Manifest):
+                    return None
+                self._blob_met[blob] = hit  # type: ignore[index]  # not None with a hit
+                variants.append(Variant(hit[1], runner, fmt, True))
+            if absent_at:
+                absent = tuple(top.children[i] for i in absent_at)
+            made = tuple(variants)
+        elif len(spec) == 1:
+            made = (Variant(top, spec[0][1], spec[0][2], False),)
+        else:
+            return None
+        for kind, message in problems:
+            self._problem(kind, rel, message)
+        return made, absent
 
     def _parsed_manifest_file(
-        self, de: os.DirEntry[str], rel: str, *, v2: bool
-    ) -> tuple[Manifest | ManifestList, int]:
-        """A tag file's manifest and mtime, from the cache when the file is as it was."""
+        self, de: DirEntry, rel: str, *, v2: bool
+    ) -> tuple[Manifest | ManifestList, int, bool]:
+        """A tag file's manifest and mtime, from the cache when the file is as it was (and
+        then True)."""
         path = de.path
         lst = None
         if self.cache is not None:
-            with contextlib.suppress(OSError):  # if so, _read_manifest_file says why
+            try:  # not contextlib.suppress: no context manager in this per-tag loop
                 lst = os.lstat(path)
+            except OSError:
+                lst = None  # _read_manifest_file says why
             if lst is not None and stat.S_ISREG(lst.st_mode):
                 known = self.cache.manifests.get(path)
-                if known is not None and known[0] == stamp(lst):
+                if known is not None and known[0] == (
+                    lst.st_ino,
+                    lst.st_size,
+                    lst.st_mtime_ns,
+                    lst.st_ctime_ns,
+                ):
                     self._met[path] = known
-                    return known[1], lst.st_mtime_ns
+                    return known[1], lst.st_mtime_ns, True
             elif lst is not None and v2 and stat.S_ISLNK(lst.st_mode):
                 hit = self._cached_link(de, lst)
                 if hit is not None:
-                    return hit
+                    return (*hit, True)
         raw, st, blob_name = self._read_manifest_file(de, rel, v2=v2)
         top = parse_manifest(raw, rel)
         if lst is not None and not racy(st.st_ctime_ns, self._started):
@@ -629,10 +421,10 @@ class Scanner:
                 self._links[path] = (stamp(lst), blob_name)
                 self._blob_met[blob_name] = (stamp(st), top)
                 self._read += 1
-        return top, st.st_mtime_ns
+        return top, st.st_mtime_ns, False
 
     def _cached_link(
-        self, de: os.DirEntry[str], lst: os.stat_result
+        self, de: DirEntry, lst: os.stat_result
     ) -> tuple[Manifest | ManifestList, int] | None:
         """A `manifests-v2/` link's manifest from the cache: the link as it was, on the blob
         file it was on (_read_manifest_file's checks, less the hash)."""
@@ -640,14 +432,26 @@ class Scanner:
         known = self.cache.links.get(de.path)
         if known is None or known[0] != stamp(lst) or known[1] not in self.index.blob_names:
             return None
-        hit = self._cached_blob_manifest(known[1])
-        if hit is None:
-            return None
-        bst, top = hit
         try:
             st = de.stat()
         except OSError:
             return None
+        blob = self.cache.blob_manifests.get(known[1])
+        if (
+            blob is not None
+            and st.st_dev == self._blobs_dev
+            and blob[0] == stamp(st)
+            and stat.S_ISREG(st.st_mode)
+        ):
+            # blobs/ as the last scan left it, which found this file (inode, ctime) at that
+            # name: the name is still this file's (only a rename or unlink there moves it).
+            self._blob_met[known[1]] = blob
+            self._links[de.path] = known
+            return blob[1], st.st_mtime_ns
+        hit = self._cached_blob_manifest(known[1])
+        if hit is None:
+            return None
+        bst, top = hit
         if (st.st_dev, st.st_ino) != (bst.st_dev, bst.st_ino):
             return None
         self._links[de.path] = known
@@ -672,7 +476,7 @@ class Scanner:
         return bst, known[1]
 
     def _read_manifest_file(
-        self, de: os.DirEntry[str], rel: str, *, v2: bool
+        self, de: DirEntry, rel: str, *, v2: bool
     ) -> tuple[bytes, os.stat_result, str | None]:
         """Read a tag file by store.fileio's rule (a regular file, or refused by its kind). A
         `manifests-v2/` link must land on a blob whose bytes hash to its name; a legacy file
@@ -748,12 +552,22 @@ class Scanner:
 
     def _resolve_list(
         self, top: ManifestList, rel: str
-    ) -> tuple[tuple[Variant, ...], tuple[ListChild, ...]]:
+    ) -> tuple[
+        tuple[Variant, ...],
+        tuple[ListChild, ...],
+        tuple[tuple[str | None, str | None, str | None], ...] | None,
+        tuple[int, ...],
+    ]:
+        """The variants and absent children of a list; and as a recipe has them (none
+        when a child is inline: the recipe names each child's manifest by its blob)."""
         variants: list[Variant] = []
         absent: list[ListChild] = []
-        for child in top.children:
+        spec: list[tuple[str | None, str | None, str | None]] | None = []
+        absent_at: list[int] = []
+        for i, child in enumerate(top.children):
             if child.inline is not None:
                 manifest: Manifest | ManifestList | StoreError = child.inline
+                spec = None
             else:
                 manifest = self._manifest_blob(child.digest)
             if isinstance(manifest, ManifestList):
@@ -765,19 +579,42 @@ class Scanner:
                 if self.index.has_blob(child.digest):
                     self._problem("bad-manifest", rel, f"child {child.digest}: {manifest}")
                 absent.append(child)
+                absent_at.append(i)
                 continue
             if child.runner is not None and _RUNNER.fullmatch(child.runner) is None:
                 # A runner becomes part of a directory name (`26b@mlx`).
                 self._problem("bad-manifest", rel, f"child {child.digest}: bad runner name")
                 continue
-            variants.append(child_variant(child, manifest, self.index.config(manifest)))
-        return tuple(variants), tuple(absent)
+            variant = child_variant(child, manifest, self.index.config(manifest))
+            variants.append(variant)
+            if spec is not None:
+                spec.append((child.digest.blob_name, variant.runner, variant.format))
+        return (
+            tuple(variants),
+            tuple(absent),
+            spec if spec is None else tuple(spec),
+            tuple(absent_at),
+        )
 
-    def _check_blobs(self, entry: Entry, variant: Variant) -> None:
-        for digest in self.index.missing_blobs(variant.manifest):
-            info = self.index.blob_info(digest)
-            what = "missing" if info is None else f"wrong size ({info.size} bytes)"
-            self._problem("missing-blob", entry.rel, f"blob {digest} {what}")
+    def _check_entry(self, entry: Entry) -> None:
+        """The missing-blob problems of a shown tag, from its recipe when it has them."""
+        made = self._made.get(entry.file)
+        found = None if made is None else made[3]
+        if found is None:
+            found = tuple(
+                f"blob {digest} {self._lack(digest)}"
+                for variant in entry.variants
+                for digest in self.index.missing_blobs(variant.manifest)
+            )
+            if made is not None:
+                self._made[entry.file] = (*made[:3], found)
+                self._remade += 1
+        for message in found:
+            self._problem("missing-blob", entry.rel, message)
+
+    def _lack(self, digest: Digest) -> str:
+        info = self.index.blob_info(digest)
+        return "missing" if info is None else f"wrong size ({info.size} bytes)"
 
     def _problem(self, kind: str, path: str, message: str) -> None:
         self.index.problems.append(Problem(kind, path, message))

@@ -20,7 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-VENV = REPO / ".venv"
+# This checkout's virtualenv; a checkout without one (a git worktree) runs under the
+# interpreter it was started with, whose `modelfs` script imports this checkout's code as
+# long as the children get PYTHONPATH=REPO (see `child_env`).
+VENV = REPO / ".venv" if (REPO / ".venv" / "bin" / "python").exists() else Path(sys.prefix)
 MODELFS = VENV / "bin" / "modelfs"
 if not MODELFS.exists():
     # A worktree without a venv of its own, run by another checkout's interpreter: its entry
@@ -43,6 +46,12 @@ def ensure_venv(script: str) -> None:
     python = VENV / "bin" / "python"
     if python.exists() and Path(sys.prefix).resolve() != VENV.resolve():
         os.execv(python, [str(python), script, *sys.argv[1:]])
+
+
+def child_env() -> dict[str, str]:
+    """The environment for a child process that must run this checkout's code."""
+    path = os.environ.get("PYTHONPATH", "")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), path) if p)}
 
 
 def install_sigterm_as_exit() -> None:

@@ -1,37 +1,46 @@
 """Checking blobs against their names: hashing, the verify cache, quarantine (README,
-"Checking the store").
+"Checking the store"; docs/gc.md says what --quick can and cannot catch).
 
-    check_blob(path, cached, quick=...) -> BlobCheck      one blob, in one pass over its bytes
+    check_blob(path, cached, quick=...) -> BlobCheck      one blob, by the same rules as a batch
+    check_batch(dir_fd, names, root, ...) -> Batch         many blobs, few Python objects each
     VerifyCache.load(layout) / .save()                     `<store>/.modelfs/verify/cache.json`
     quarantine_blob(layout, name, key) -> Path             out of `blobs/`, by rename
 
-A full check reads a blob once and feeds every chunk to sha256 and to xxh3-128; the xxh3 is
-recorded in the cache under the blob's name with the file's inode, size and mtime. A quick
-check of a blob whose (inode, size, mtime) still match its cache entry computes xxh3 alone
-(tens of GB/s against sha256's one or two) and compares it with the recorded one; a mismatch
-is confirmed with sha256 before the blob is called corrupt. So a blob zeroed in place, even with
-its mtime put back, is caught by a quick check: every byte is still read.
+A full check reads a blob once and hashes it with sha256. One that matches its name is recorded
+in the cache with its stat stamp (inode, size, mtime, ctime, all in ns) and, for a blob of
+SAMPLE_FROM bytes or more, the xxh3-128 of a sample of it (SAMPLE_PIECES pieces spread from
+its start to its end, together at most a 16th of it). A quick check trusts a blob whose stamp
+still matches its cache entry, after comparing the xxh3 of the same sample for a large one;
+any other blob gets a full check. The stamp holds ctime, which no program can set back: a
+blob written in place through the filesystem, even with its mtime put back, no longer matches.
+What a quick check cannot see is damage that does not go through the filesystem's write path
+(a disk or a network server returning other bytes) outside the sample: a full check reads all.
 
-Everything here is synchronous and thread-safe per call: `sync.verify` runs one `check_blob`
-per worker thread (hashlib and xxhash release the GIL while they hash).
+Everything here is synchronous and holds no global state but a per-thread buffer:
+`store.collect.workers` runs `check_batch` in worker processes, one per core.
 """
 
 from __future__ import annotations
 
+import array
+import base64
 import contextlib
 import hashlib
+import itertools
 import json
 import logging
 import os
+import stat
+import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import xxhash
 
-from modelfs.store.digest import is_blob_name
 from modelfs.store.disk.fileio import open_stat
 from modelfs.store.disk.owner import make_dirs, write_atomic
 from modelfs.store.layout import Layout
@@ -39,11 +48,21 @@ from modelfs.store.layout import Layout
 log = logging.getLogger(__name__)
 
 # Small enough that the buffer a read fills stays in a core's L2 cache (1 MiB here) while
-# the hashes read it back: an xxh3 pass is as fast as the copy out of the page cache, and a
-# 4 MiB buffer spilling to L3 made --quick 10 % slower; big enough that the ~1 us of each
-# read call is lost in its ~30 us of copying.
+# the hash reads it back; big enough that the ~1 us of each read call is lost in its ~30 us
+# of copying.
 CHUNK = 256 << 10
-CACHE_VERSION = 1
+CACHE_VERSION = 2
+# --quick reads a sample of blobs this large or larger (a smaller one costs an open and a
+# read whatever is sampled of it, as much as its full check: its stamp alone is compared).
+SAMPLE_FROM = 1 << 20
+SAMPLE_PIECES = 16
+SAMPLE_PIECE = 64 << 10  # at most; and at most 1/256 of the blob, so a sample is <= 1/16 of it
+
+Stamp = tuple[int, int, int, int]  # st_ino, st_size, st_mtime_ns, st_ctime_ns
+
+
+def stamp_of(st: os.stat_result) -> Stamp:
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 class Interrupted(Exception):
@@ -52,7 +71,8 @@ class Interrupted(Exception):
 
 @dataclass(frozen=True, slots=True)
 class FileKey:
-    """What must not change for a cached xxh3 to still describe the file."""
+    """What must not change for a checked blob to still be the file that was checked (the
+    quarantine's guard against moving a good copy put in its place)."""
 
     ino: int
     size: int
@@ -63,69 +83,97 @@ class FileKey:
         return cls(st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-@dataclass(frozen=True, slots=True)
-class CacheEntry:
-    key: FileKey
-    xxh3: str  # hex of xxh3-128 over the whole file, taken with a sha256 that matched its name
-    verified_at: float  # Unix time of that full check
+class CacheEntry(NamedTuple):
+    """A blob that passed a full check: a tuple, as a store has tens of thousands of them."""
 
-    def as_json(self) -> dict[str, object]:
-        return {
-            "ino": self.key.ino,
-            "size": self.key.size,
-            "mtime_ns": self.key.mtime_ns,
-            "xxh3": self.xxh3,
-            "verified_at": self.verified_at,
-        }
-
-    @classmethod
-    def from_json(cls, obj: object) -> CacheEntry:
-        if not isinstance(obj, dict):
-            raise ValueError("entry is not an object")
-        ino, size, mtime_ns = obj["ino"], obj["size"], obj["mtime_ns"]
-        xxh3, verified_at = obj["xxh3"], obj["verified_at"]
-        if not all(type(v) is int for v in (ino, size, mtime_ns)):
-            raise ValueError("ino, size and mtime_ns must be integers")
-        if not isinstance(xxh3, str) or len(xxh3) != 32:
-            raise ValueError("xxh3 must be 32 hex digits")
-        int(xxh3, 16)
-        if not isinstance(verified_at, int | float):
-            raise ValueError("verified_at must be a number")
-        return cls(FileKey(ino, size, mtime_ns), xxh3, float(verified_at))
+    stamp: Stamp
+    sample: str | None  # hex xxh3-128 of sample_pieces(size); None below SAMPLE_FROM
+    verified_at: int  # Unix time (s) of that full check
 
 
 # -- hashing ---------------------------------------------------------------------------------
+def sample_pieces(size: int) -> list[tuple[int, int]]:
+    """(offset, length) of what --quick reads of a blob of `size` bytes: nothing below
+    SAMPLE_FROM, else SAMPLE_PIECES pieces, the first at 0, the last ending at the end."""
+    if size < SAMPLE_FROM:
+        return []
+    piece = min(SAMPLE_PIECE, size // 256)
+    step = (size - piece) // (SAMPLE_PIECES - 1)
+    return [(i * step, piece) for i in range(SAMPLE_PIECES - 1)] + [(size - piece, piece)]
+
+
+def sample_hash(fd: int, size: int) -> str | None:
+    """xxh3-128 of the sample of a blob of `size` bytes; None if it is shorter than that."""
+    xxh = xxhash.xxh3_128()
+    view = memoryview(_buffer(CHUNK))
+    try:
+        for offset, length in sample_pieces(size):
+            n = os.preadv(fd, [view[:length]], offset)
+            if n != length:
+                return None
+            xxh.update(view[:n])
+    finally:
+        view.release()
+    return xxh.hexdigest()
+
+
 @dataclass(slots=True)
 class Hashes:
-    sha256: str | None  # hex; None when only xxh3 was asked for
-    xxh3: str
+    sha256: str
     size: int  # bytes read
+    sample: str | None = None  # xxh3-128 of sample_pieces(size_hint), when asked for
 
 
 def hash_fd(
-    fd: int, *, sha256: bool, chunk: int = CHUNK, stop: Callable[[], bool] | None = None
+    fd: int,
+    *,
+    size_hint: int = -1,
+    sample: bool = False,
+    stop: Callable[[], bool] | None = None,
 ) -> Hashes:
-    """xxh3-128, and sha256 when asked, of everything `fd` holds from offset 0, in one pass."""
-    sha = hashlib.sha256() if sha256 else None
-    xxh = xxhash.xxh3_128()
-    view = memoryview(_buffer(chunk))
+    """sha256 of everything `fd` holds from offset 0, and with `sample` the xxh3 of the
+    pieces of it that --quick reads (the same bytes, taken in the same pass). `size_hint`:
+    the size fstat gave; a read that returns the last of it and less than a chunk ends the
+    pass (the caller's second fstat says whether the file grew meanwhile), which spares a
+    small blob a read."""
+    if 0 <= size_hint < CHUNK and not sample:
+        # A small blob: one read, no buffer views (a store has tens of thousands of these).
+        data = os.pread(fd, size_hint, 0)
+        return Hashes(hashlib.sha256(data).hexdigest(), len(data))
+    sha = hashlib.sha256()
+    pieces = sample_pieces(size_hint) if sample else []
+    xxh = xxhash.xxh3_128() if pieces else None
+    k = 0
+    view = memoryview(_buffer(CHUNK))
     buffers = [view]
     pos = 0
     try:
         while n := os.preadv(fd, buffers, pos):
             # A large blob is thousands of chunks: no slice of the buffer for a full one.
-            piece = view if n == chunk else view[:n]
-            if sha is not None:
-                sha.update(piece)
-            xxh.update(piece)
-            if piece is not view:
-                piece.release()
-            pos += n
+            if n == CHUNK:
+                sha.update(view)
+            else:
+                with view[:n] as piece:
+                    sha.update(piece)
+            end = pos + n
+            while k < len(pieces) and pieces[k][0] < end:
+                start, length = pieces[k]
+                a, b = max(start, pos), min(start + length, end)
+                if xxh is not None and a < b:
+                    with view[a - pos : b - pos] as part:
+                        xxh.update(part)
+                if start + length > end:
+                    break  # the rest of this piece is in the next chunk
+                k += 1
+            pos = end
+            if pos == size_hint and n < CHUNK:
+                break
             if stop is not None and stop():
                 raise Interrupted()
     finally:
         view.release()
-    return Hashes(sha.hexdigest() if sha is not None else None, xxh.hexdigest(), pos)
+    whole = xxh is not None and k == len(pieces)
+    return Hashes(sha.hexdigest(), pos, xxh.hexdigest() if whole and xxh is not None else None)
 
 
 _local = threading.local()
@@ -145,7 +193,9 @@ class BlobCheck:
     """What checking one blob found.
 
     status: `ok`; `corrupt` (its sha256 is not its name); `unreadable` (open or read failed:
-    EIO, EACCES, …); `changed` (replaced or modified while it was read: not judged).
+    EIO, EACCES, …); `changed` (bytes that do not match, read from a file replaced or
+    modified meanwhile: not judged).
+    A batch makes one only for a blob that is not `ok`, or on request (`check_blob`).
     """
 
     name: str
@@ -162,6 +212,127 @@ class BlobCheck:
     quarantine_error: str | None = None
 
 
+@dataclass(slots=True)
+class Batch:
+    """What checking a list of blobs found, in columns by position in the list (a worker
+    sends this to its parent: tuples of ints cost little to pickle, objects do):
+    `stamps`: the stat stamp of each blob that passed, None for the others (in `problems`);
+    `samples`: the sample xxh3 of each large one a full check passed; `kept`: those a quick
+    check passed (whose cache entries stay as they were)."""
+
+    stamps: list[Stamp | None] = field(default_factory=list)
+    samples: dict[int, str] = field(default_factory=dict)
+    kept: list[int] = field(default_factory=list)
+    verified_at: int = 0
+    problems: list[BlobCheck] = field(default_factory=list)
+    bytes: int = 0
+    bytes_read: int = 0
+    sha256: int = 0
+    xxh3_only: int = 0
+
+
+def check_batch(
+    dir_fd: int | None,
+    names: list[str],
+    root: str,
+    cached: list[CacheEntry | None] | None = None,
+    *,
+    stop: Callable[[], bool] | None = None,
+    now: Callable[[], float] = time.time,
+) -> Batch:
+    """Check `names` in blobs/ (open as `dir_fd`; by path under `root` when None): a full
+    check of each, except a blob given a cache entry (`cached`, by position) whose stamp
+    still matches, which gets the quick check. A corrupt blob goes to quarantine at once.
+    Never raises for a blob that cannot be read; raises Interrupted when `stop()` says so."""
+    out = Batch(verified_at=int(now()))
+    stamps = out.stamps
+    blobs_dir = f"{root}/blobs"
+    for i, name in enumerate(names):
+        if stop is not None and stop():
+            raise Interrupted()
+        path = name if dir_fd is not None else f"{blobs_dir}/{name}"
+        try:
+            fd, st = open_stat(path, follow=False, dir_fd=dir_fd)
+        except OSError as exc:
+            stamps.append(None)
+            out.problems.append(BlobCheck(name, "unreadable", 0, error=_why(exc)))
+            continue
+        old = cached[i] if cached else None
+        try:
+            entry, problem = _check_open(
+                fd, st, name, path, dir_fd, old, out.verified_at, out, stop
+            )
+        finally:
+            os.close(fd)
+        if entry is None:
+            stamps.append(None)
+        else:
+            stamps.append(entry.stamp)
+            if entry is old:
+                out.kept.append(i)
+            elif entry.sample is not None:
+                out.samples[i] = entry.sample
+        if problem is not None:
+            if problem.status == "corrupt":
+                _quarantine(Layout(Path(root)), problem)
+            out.problems.append(problem)
+    return out
+
+
+def _check_open(
+    fd: int,
+    st: os.stat_result,
+    name: str,
+    path: str | os.PathLike[str],
+    dir_fd: int | None,
+    cached: CacheEntry | None,
+    verified_at: int,
+    out: Batch,
+    stop: Callable[[], bool] | None,
+) -> tuple[CacheEntry | None, BlobCheck | None]:
+    """One open blob: its cache entry when it passed, or what is wrong with it."""
+    size = st.st_size
+    out.bytes += size
+    stamp = stamp_of(st)
+    try:
+        if size > CHUNK:
+            with contextlib.suppress(OSError):
+                # One sequential pass: a larger readahead window. A blob read in one chunk
+                # has no use for it, and a store has thousands.
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        if cached is not None and cached.stamp == stamp:
+            if cached.sample is None:
+                out.xxh3_only += 1
+                return cached, None
+            out.bytes_read += sum(n for _, n in sample_pieces(size))
+            if sample_hash(fd, size) == cached.sample and stamp_of(os.fstat(fd)) == stamp:
+                out.xxh3_only += 1
+                return cached, None
+            log.info("%s: its sample differs from the last full check; hashing it all", name)
+        hashes = hash_fd(fd, size_hint=size, sample=size >= SAMPLE_FROM, stop=stop)
+        out.bytes_read += hashes.size
+        out.sha256 += 1
+        if hashes.sha256 == name[7:] and hashes.size == size:
+            # Good bytes, whatever happened meanwhile: a write during the read moved the
+            # ctime past the stamp recorded, so the next quick run checks it in full.
+            return CacheEntry(stamp, hashes.sample, verified_at), None
+        after = os.fstat(fd)
+    except OSError as exc:
+        return None, BlobCheck(name, "unreadable", size, error=_why(exc))
+    if stamp_of(after) != stamp or hashes.size != size:
+        return None, BlobCheck(name, "changed", size, key=FileKey.of(st))
+    check = BlobCheck(name, "corrupt", size, key=FileKey.of(st), actual=hashes.sha256)
+    check.sha256_done = True
+    try:
+        # A good copy renamed over it while it was read is not to be judged (nor moved).
+        now = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        now = None
+    if now is None or now.st_ino != st.st_ino or not stat.S_ISREG(now.st_mode):
+        check.status, check.actual = "changed", None
+    return None, check
+
+
 def check_blob(
     path: str | os.PathLike[str],
     cached: CacheEntry | None,
@@ -172,58 +343,34 @@ def check_blob(
     dir_fd: int | None = None,
 ) -> BlobCheck:
     """Check `blobs/sha256-<hex>` (`path`, relative to the directory `dir_fd` when given)
-    against its name; never raises for an unreadable file."""
+    against its name, by the rules of a batch; never raises for an unreadable file. The
+    caller quarantines a corrupt one."""
     name = os.path.basename(path)
-    want = name.removeprefix("sha256-")
     try:
         fd, st = open_stat(path, follow=False, dir_fd=dir_fd)
     except OSError as exc:
         return BlobCheck(name, "unreadable", 0, error=_why(exc))
+    out = Batch()
     try:
-        key = FileKey.of(st)
-        check = BlobCheck(name, "ok", st.st_size, key=key)
-        try:
-            if st.st_size > CHUNK:
-                with contextlib.suppress(OSError):
-                    # One sequential pass: a larger readahead window, and no cache pollution
-                    # worth keeping (these bytes are read again only by the next verify). A
-                    # blob read in one chunk has no use for it, and a store has thousands.
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-            if quick and cached is not None and cached.key == key:
-                hashes = hash_fd(fd, sha256=False, stop=stop)
-                check.bytes_read += hashes.size
-                if hashes.xxh3 == cached.xxh3 and hashes.size == key.size:
-                    check.xxh3_only = True
-                    check.entry = cached
-                    return _settled(check, fd, path, dir_fd)
-                log.info("%s: xxh3 differs from the last full check; confirming with sha256", name)
-            hashes = hash_fd(fd, sha256=True, stop=stop)
-            check.bytes_read += hashes.size
-            check.sha256_done = True
-        except OSError as exc:
-            check.status, check.error = "unreadable", _why(exc)
-            return check
-        if hashes.sha256 != want:
-            check.status, check.actual = "corrupt", hashes.sha256
-        else:
-            check.entry = CacheEntry(key, hashes.xxh3, now())
-        return _settled(check, fd, path, dir_fd)
+        entry, problem = _check_open(
+            fd, st, name, path, dir_fd, cached if quick else None, int(now()), out, stop
+        )
     finally:
         os.close(fd)
-
-
-def _settled(
-    check: BlobCheck, fd: int, path: str | os.PathLike[str], dir_fd: int | None
-) -> BlobCheck:
-    """`changed` if the file was modified, or its name given to another file, while we read."""
-    try:
-        after = FileKey.of(os.fstat(fd))
-        now = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
-    except OSError:
-        after, now = None, None
-    if after is None or now is None or after != check.key or now.st_ino != after.ino:
-        check.status, check.entry, check.actual = "changed", None, None
+    check = problem or BlobCheck(name, "ok", st.st_size, key=FileKey.of(st), entry=entry)
+    check.bytes_read = out.bytes_read
+    check.sha256_done = out.sha256 > 0
+    check.xxh3_only = out.xxh3_only > 0
     return check
+
+
+def _quarantine(layout: Layout, check: BlobCheck) -> None:
+    """A corrupt blob leaves blobs/ at once (not at the end of a run that may take hours,
+    during which it would be served, and a good copy could be put in its place)."""
+    try:
+        check.quarantined = quarantine_blob(layout, check.name, check.key)
+    except OSError as exc:
+        check.quarantine_error = f"not quarantined: {exc.strerror or exc}"
 
 
 def _why(exc: OSError) -> str:
@@ -232,12 +379,48 @@ def _why(exc: OSError) -> str:
 
 # -- the cache ---------------------------------------------------------------------------------
 class VerifyCache:
-    """`<store>/.modelfs/verify/cache.json`: blob name -> CacheEntry. A file that cannot be
-    read or parsed is ignored with one warning (every blob then gets a full check)."""
+    """`<store>/.modelfs/verify/cache.json`: per blob name, its CacheEntry, held in columns
+    (`stamps`, `samples`, `times`: dicts by name). A file that cannot be read or parsed is
+    ignored with one warning (every blob then gets a full check).
 
-    def __init__(self, layout: Layout, entries: dict[str, CacheEntry] | None = None) -> None:
+    The file is one JSON object, in columns too, as a store has tens of thousands of blobs
+    and a verify that takes a tenth of a second has no time to parse or write an object for
+    each: `{"version": 2, "names": [...], "stamps": base64 of 4 little-endian int64 per name
+    (inode, size, mtime_ns, ctime_ns), "verified_at": base64 of one int64 per name (Unix
+    seconds), "samples": {name: hex xxh3-128}}` (samples: blobs of SAMPLE_FROM bytes or more).
+    """
+
+    def __init__(self, layout: Layout) -> None:
         self.layout = layout
-        self.entries: dict[str, CacheEntry] = entries or {}
+        self.stamps: dict[str, Stamp] = {}
+        self.samples: dict[str, str] = {}
+        self.times: dict[str, int] = {}
+
+    def get(self, name: str) -> CacheEntry | None:
+        stamp = self.stamps.get(name)
+        if stamp is None:
+            return None
+        return CacheEntry(stamp, self.samples.get(name), self.times[name])
+
+    def put(self, name: str, entry: CacheEntry) -> None:
+        self.stamps[name] = entry.stamp
+        self.times[name] = entry.verified_at
+        if entry.sample is None:
+            self.samples.pop(name, None)
+        else:
+            self.samples[name] = entry.sample
+
+    @property
+    def entries(self) -> dict[str, CacheEntry]:
+        """Every entry as an object (for a look at a few; the columns are for the many)."""
+        return {name: e for name in self.stamps if (e := self.get(name)) is not None}
+
+    def same(self, other: VerifyCache) -> bool:
+        return (self.stamps, self.samples, self.times) == (
+            other.stamps,
+            other.samples,
+            other.times,
+        )
 
     @staticmethod
     def path_for(layout: Layout) -> Path:
@@ -250,35 +433,65 @@ class VerifyCache:
     @classmethod
     def load(cls, layout: Layout) -> VerifyCache:
         path = cls.path_for(layout)
+        cache = cls(layout)
         try:
             raw = path.read_bytes()
         except FileNotFoundError:
-            return cls(layout)
+            return cache
         except OSError as exc:
             log.warning("verify cache %s unreadable (%s); ignoring it", path, _why(exc))
-            return cls(layout)
+            return cache
         try:
             doc = json.loads(raw)
+            if isinstance(doc, dict) and doc.get("version") == 1:
+                # modelfs before stat stamps and samples: every blob gets one full check.
+                log.info("verify cache %s is of an older modelfs; ignoring it", path)
+                return cache
             if not isinstance(doc, dict) or doc.get("version") != CACHE_VERSION:
                 raise ValueError(f"not a version {CACHE_VERSION} cache")
-            blobs = doc["blobs"]
-            if not isinstance(blobs, dict):
-                raise ValueError("`blobs` is not an object")
-            entries = {
-                name: CacheEntry.from_json(obj) for name, obj in blobs.items() if is_blob_name(name)
-            }
+            cache._read(doc["names"], doc["stamps"], doc["verified_at"], doc["samples"])
         except (ValueError, KeyError, TypeError) as exc:
             log.warning("verify cache %s is damaged (%s); ignoring it", path, exc)
             return cls(layout)
-        return cls(layout, entries)
+        return cache
+
+    def _read(self, names: object, stamps: object, times: object, samples: object) -> None:
+        if not isinstance(names, list) or not all(type(n) is str for n in names):
+            raise ValueError("`names` is not a list of strings")
+        if not isinstance(samples, dict):
+            raise ValueError("`samples` is not an object")
+        flat = _int64s(stamps, 4 * len(names), "stamps")
+        at = _int64s(times, len(names), "verified_at")
+        for name, sample in samples.items():
+            if not isinstance(sample, str) or len(sample) != 32:
+                raise ValueError(f"the sample of {name} is not 32 hex digits")
+            int(sample, 16)
+        it = iter(flat)
+        self.stamps = dict(zip(names, zip(it, it, it, it, strict=True), strict=True))
+        self.times = dict(zip(names, at, strict=True))
+        self.samples = samples
+        # A large blob's entry without a sample (or a small one's with one) was not written
+        # by this code: such a blob gets a full check.
+        for name in [n for n, s in self.stamps.items() if (s[1] >= SAMPLE_FROM) != (n in samples)]:
+            del self.stamps[name]
+            self.samples.pop(name, None)
 
     def save(self) -> bool:
         """Write atomically (temp file in the same directory, fsync, rename); False, with a
         warning, where the store cannot be written (a read-only store can still be verified)."""
         path = self.path
+        names = list(self.stamps)
+        flat = array.array("q", itertools.chain.from_iterable(self.stamps.values()))
+        at = array.array("q", map(self.times.__getitem__, names))
+        if sys.byteorder == "big":
+            flat.byteswap()
+            at.byteswap()
         doc = {
             "version": CACHE_VERSION,
-            "blobs": {name: e.as_json() for name, e in sorted(self.entries.items())},
+            "names": names,
+            "stamps": base64.b64encode(flat.tobytes()).decode(),
+            "verified_at": base64.b64encode(at.tobytes()).decode(),
+            "samples": {n: self.samples[n] for n in names if n in self.samples},
         }
         data = json.dumps(doc, separators=(",", ":")).encode() + b"\n"
         try:
@@ -287,6 +500,17 @@ class VerifyCache:
             log.warning("cannot write the verify cache %s: %s", path, _why(exc))
             return False
         return True
+
+
+def _int64s(text: object, count: int, what: str) -> array.array[int]:
+    if not isinstance(text, str):
+        raise ValueError(f"`{what}` is not a string")
+    out = array.array("q", base64.b64decode(text, validate=True))
+    if sys.byteorder == "big":
+        out.byteswap()
+    if len(out) != count:
+        raise ValueError(f"`{what}` holds {len(out)} numbers, not {count}")
+    return out
 
 
 # -- quarantine --------------------------------------------------------------------------------

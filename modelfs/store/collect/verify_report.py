@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ from modelfs.store.history import TagHistory
 from modelfs.store.layout import Layout
 from modelfs.store.leases import read_leases
 from modelfs.store.names import Name
-from modelfs.store.scan import STRAY_KINDS, StoreIndex
+from modelfs.store.scan import STRAY_KINDS, Entry, StoreIndex, Variant
 from modelfs.store.units import counted, format_duration
 
 # -- what manifests say ------------------------------------------------------------------------
@@ -73,8 +74,36 @@ class Survey:
     stray: list[tuple[str, int | None, str]] = field(default_factory=list)  # path, size, why
     misnamed: list[Misnamed] = field(default_factory=list)
     bad_manifests: list[tuple[str, str]] = field(default_factory=list)  # path, message
-    owners: dict[Digest, list[Owner]] = field(default_factory=dict)
-    referenced: set[Digest] = field(default_factory=set)
+    referenced: set[str] = field(default_factory=set)  # blob names (`sha256-<hex>`)
+    index: StoreIndex | None = None  # for `owners`
+
+    def owners(self, digests: set[Digest]) -> dict[Digest, list[Owner]]:
+        """The manifests that name each of `digests` (a few corrupt blobs: not worth a list
+        for every blob of the store)."""
+        out: dict[Digest, list[Owner]] = {}
+        if not digests or self.index is None:
+            return out
+        for entry, variant, owner in _owners(self.index):
+            if variant is None:
+                if entry.top.digest in digests:
+                    out.setdefault(entry.top.digest, []).append(owner)
+                continue
+            manifest = variant.manifest
+            if variant.from_list and manifest.digest in digests:
+                out.setdefault(manifest.digest, []).append(owner)
+            for digest in manifest.blob_sizes():
+                if digest in digests:
+                    out.setdefault(digest, []).append(owner)
+        return out
+
+
+def _owners(index: StoreIndex) -> Iterator[tuple[Entry, Variant | None, Owner]]:
+    """Each entry (variant None, as its top manifest's owner), then each of its variants."""
+    for entry in index.sorted_entries():
+        yield entry, None, Owner(entry.rel, entry.name, entry.name.shortest)
+        for variant in entry.variants:
+            label = entry.name.shortest + (f"@{variant.runner}" if variant.from_list else "")
+            yield entry, variant, Owner(entry.rel, entry.name, label)
 
 
 def _lsize(root: Path, rel: str) -> int | None:
@@ -102,7 +131,7 @@ def misnamed_fix(root: Path, rel: str) -> str:
 def survey(index: StoreIndex, reach: Reach) -> Survey:
     """What the scan and the reachability walk (shared with GC) say, besides blob hashes."""
     root = index.layout.root
-    out = Survey(referenced=reach.digests)
+    out = Survey(referenced=reach.blob_names, index=index)
     foreign: dict[Digest, str] = {}
     # A stray in the manifests trees is told in GC's words (the walk that GC shares knows
     # whether it held a manifest).
@@ -133,31 +162,23 @@ def survey(index: StoreIndex, reach: Reach) -> Survey:
             out.bad_manifests.append((problem.path, problem.message))
 
     seen: set[tuple[Digest, str]] = set()
-    for entry in index.sorted_entries():
-        rel = entry.rel
-        top = Owner(rel, entry.name, entry.name.shortest)
-        out.owners.setdefault(entry.top.digest, []).append(top)
-        for variant in entry.variants:
-            label = entry.name.shortest + (f"@{variant.runner}" if variant.from_list else "")
-            owner = Owner(rel, entry.name, label)
-            manifest = variant.manifest
-            if variant.from_list:
-                out.owners.setdefault(manifest.digest, []).append(owner)
-            sizes = manifest.blob_sizes()
-            for digest in sizes:
-                out.owners.setdefault(digest, []).append(owner)
-                info = index.blob_info(digest)
-                if (info is None or info.size != sizes[digest]) and (digest, rel) not in seen:
-                    seen.add((digest, rel))
-                    out.missing.append(
-                        Missing(
-                            digest,
-                            sizes[digest],
-                            None if info is None else info.size,
-                            owner,
-                            found_as=foreign.get(digest),
-                        )
+    for entry, variant, owner in _owners(index):
+        if variant is None:
+            continue
+        sizes = variant.manifest.blob_sizes()
+        for digest in sizes:
+            info = index.blob_info(digest)
+            if (info is None or info.size != sizes[digest]) and (digest, entry.rel) not in seen:
+                seen.add((digest, entry.rel))
+                out.missing.append(
+                    Missing(
+                        digest,
+                        sizes[digest],
+                        None if info is None else info.size,
+                        owner,
+                        found_as=foreign.get(digest),
                     )
+                )
     return out
 
 
@@ -190,7 +211,7 @@ class Report:
     bytes: int = 0  # bytes of the blobs checked
     bytes_read: int = 0
     sha256: int = 0  # blobs whose sha256 was computed
-    xxh3_only: int = 0  # blobs a quick check passed on xxh3 alone
+    xxh3_only: int = 0  # blobs a quick check passed without sha256 (stamp, and sample if large)
     seconds: float = 0.0
     corrupt: list[Corrupt] = field(default_factory=list)
     unreadable: list[tuple[str, str]] = field(default_factory=list)  # blob name, why

@@ -11,6 +11,7 @@ from pathlib import Path
 TreeItem = tuple[tuple[str, ...], os.DirEntry[str] | None, str]
 
 STRAY_DIRECTORY = "stray directory where a manifest should be"
+STRAY_FILE = "stray file (not a manifest: wrong depth)"
 
 
 def _is_dir(de: os.DirEntry[str]) -> bool:
@@ -46,7 +47,7 @@ def walk_manifest_tree(root: Path) -> Iterator[TreeItem]:
                     if _is_dir(de):
                         yield from walk(de.path, sub)
                     else:
-                        yield sub, de, "stray file (not a manifest: wrong depth)"
+                        yield sub, de, STRAY_FILE
                 elif _is_dir(de):
                     # Ollama skips these (ollama/ollama fb30760 manifest/manifest.go:189-194,
                     # os.Stat follows a link): a directory holds no manifest, names no blobs.

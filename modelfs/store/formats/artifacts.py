@@ -61,10 +61,11 @@ from typing import Any, BinaryIO
 from modelfs.store.blobs import BlobStore
 from modelfs.store.digest import Digest
 from modelfs.store.errors import ManifestError, SafetensorsError
-from modelfs.store.formats.oci_tar import TarMember, TarSlice, tar_members
+from modelfs.store.formats.oci_tar import TarMember, TarSlice, plain_path, tar_members
 from modelfs.store.formats.safetensors import read_safetensors_header
 from modelfs.store.layout import Layout
 from modelfs.store.manifest import (
+    MAX_CONFIG_BYTES,
     MEDIA_CONFIG,
     MEDIA_MANIFEST,
     MEDIA_OCI_MANIFEST,
@@ -190,12 +191,18 @@ _COMPRESSED_WEIGHTS = frozenset(
 
 def check_artifact(manifest: Manifest) -> str:
     """`artifact_kind`, and for another tool's artifact the refusals its manifest alone
-    decides (before anything is fetched): compressed weight tars, a GGUF in shards, a Docker
-    Model Runner model with neither GGUF nor safetensors weights."""
+    decides (before anything is fetched): a config larger than any, compressed weight tars, a
+    GGUF in shards, a Docker Model Runner model with neither GGUF nor safetensors weights."""
     kind = artifact_kind(manifest)
     if kind == OLLAMA:
         return kind
     what = f"{kind} artifact {manifest.digest.short}"
+    if manifest.config is not None and manifest.config.size > MAX_CONFIG_BYTES:
+        # `land` reads it whole: refused now, not once gigabytes are on disk and in memory.
+        raise UnsupportedArtifactError(
+            f"{what}: a config of {manifest.config.size} bytes, more than a model's config can "
+            f"be ({MAX_CONFIG_BYTES}); refused"
+        )
     for layer in manifest.layers:
         if layer.media_type in _COMPRESSED_WEIGHTS:
             raise UnsupportedArtifactError(
@@ -238,16 +245,23 @@ class _Facts:
     context: int | None
 
 
+# Docker Model Runner's `context_size` is a Go *int32 (types/config.go Config.ContextSize): a
+# number past it is no context size that tool wrote or would read, and as Ollama's num_ctx it
+# would be a KV cache no host can allocate (or, past int64, a Go conversion's garbage).
+_MAX_CONTEXT = (1 << 31) - 1
+
+
 def _dmr_facts(cfg: dict[str, Any]) -> _Facts:
     inner = cfg.get("config")
     inner = inner if isinstance(inner, dict) else {}
     ctx = inner.get("context_size")
+    usable = isinstance(ctx, int) and not isinstance(ctx, bool) and 0 < ctx <= _MAX_CONTEXT
     return _Facts(
         _text(inner, "format"),
         _text(inner, "architecture"),
         _text(inner, "parameters"),
         _text(inner, "quantization"),
-        ctx if isinstance(ctx, int) and not isinstance(ctx, bool) and ctx > 0 else None,
+        ctx if usable else None,
     )
 
 
@@ -267,9 +281,12 @@ def _modelpack_facts(cfg: dict[str, Any]) -> _Facts:
     )
 
 
-def _filepath(layer_obj: dict[str, Any]) -> str:
+def _filepath(layer_obj: dict[str, Any], what: str) -> str:
+    """The file a raw layer is, by its annotation: held to a tar member's rule (it names a
+    tensor or json layer, which the mount and other tools make a file of)."""
     ann = layer_obj.get("annotations")
-    return _text(ann, ANNOTATION_FILEPATH) if isinstance(ann, dict) else ""
+    path = _text(ann, ANNOTATION_FILEPATH) if isinstance(ann, dict) else ""
+    return plain_path(path, f"{what}: filepath") if path else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -377,7 +394,8 @@ def _files(
     for i, (layer, obj) in enumerate(zip(manifest.layers, layers_obj, strict=True)):
         unpacked = _unpacked_type(kind, layer.media_type)
         if unpacked is None:
-            files.append(_File(i, layer.media_type, _filepath(obj), layer.size, layer.digest))
+            path = _filepath(obj, what)
+            files.append(_File(i, layer.media_type, path, layer.size, layer.digest))
             continue
         blob = store.layout.blob(layer.digest)
         label = f"{what}: tar layer {layer.digest.short}"
@@ -435,6 +453,18 @@ def _check_safetensors(store: BlobStore, f: _File, what: str) -> None:
             raise UnsupportedArtifactError(f"{what}: {exc}") from None
 
 
+def _check_gguf(store: BlobStore, f: _File, what: str) -> None:
+    """A file landed as Ollama's model or projector starts with GGUF's magic: one taken for
+    GGUF by the config's `format` alone (a `pytorch_model.bin` under format gguf) is no model
+    Ollama could load, refused as a `.safetensors` that is none is."""
+    with _open(store, f) as src:
+        head = src.read(4)
+    if head != b"GGUF":
+        raise UnsupportedArtifactError(
+            f"{what}: {f.path or 'the weights'} is no GGUF file (it starts {head!r}); refused"
+        )
+
+
 def _tensor_name(f: _File) -> str:
     """The layer's `name`: the file's path without `.safetensors` (the mount shows
     `tensors/<name>.safetensors`)."""
@@ -468,6 +498,8 @@ def land(store: BlobStore, manifest: Manifest) -> bytes:
     for f, media in mapped:
         if media == OLLAMA_TENSOR:
             _check_safetensors(store, f, what)
+        elif media in (OLLAMA_MODEL, OLLAMA_PROJECTOR):
+            _check_gguf(store, f, what)
 
     # Every refusal is behind us: now blobs are written.
     sizes = _blob_sizes(store) if any(f.digest is None and m for f, m in mapped) else set()
@@ -540,10 +572,13 @@ def _embedded(store: BlobStore, manifest: Manifest) -> bytes | None:
         inner = parse_manifest(raw, f"blob {carried[0].digest}")
     except ManifestError:
         return None
-    present = {x.digest for x in manifest.layers}
-    if not isinstance(inner, Manifest) or not set(inner.blob_sizes()) <= present:
+    if not isinstance(inner, Manifest):
         return None
-    return raw
+    # Each blob by digest and size: the pull fetched and checked the artifact's sizes, and a
+    # manifest naming another size would name a blob that is not here.
+    present = {(x.digest, x.size) for x in manifest.layers}
+    refs = [inner.config, *inner.layers] if inner.config is not None else inner.layers
+    return raw if all((x.digest, x.size) in present for x in refs) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -627,6 +662,9 @@ def pack(manifest: Manifest, config: ModelConfig | None, fmt: str) -> Packed:
         d = _descriptor(types.get(layer.media_type, layer.media_type), layer.digest, layer.size)
         path = _packed_path(layer, fmt, seen)
         if path is not None:
+            # Other tools unpack the artifact by these paths: a layer name that could leave
+            # the model's directory goes nowhere, as a pull refuses it (`_filepath`).
+            path = plain_path(path, f"{label}: layer {layer.digest.short}'s file")
             d["annotations"] = {ANNOTATION_FILEPATH: path}
         layers.append(d)
     layers.append(_descriptor(MEDIA_CONFIG, manifest.config.digest, manifest.config.size))

@@ -19,7 +19,15 @@ was, looked at afresh by every scan:
   Blob mtimes are never taken from here (`touchLayer` changes them in place): `blob_info`
   looks each time, and a v2 tag's manifest blob, whose mtime is the tag's, is stat'ed too;
   when `blobs/` changed, a child's manifest is used while its blob's stamp is as it was;
-- a config by its digest, while its blob is listed (as before this file existed).
+- a config by its digest, while its blob is listed (as before this file existed);
+- what the scan worked out of each tag beyond its manifest (its variants' runners and
+  formats, absent children, problems, missing blobs: `Recipe`), by the tag file's path, used
+  when the tag's manifest came from the index and with the listing of `blobs/` as it was (all
+  it depends on: which blobs are present, their sizes, configs, children's manifests);
+- each directory of the manifests trees, by its (inode, mtime_ns, ctime_ns): its entries
+  and what each is (store.index.dirs), so the walk stats a directory instead of listing it.
+
+Manifests come back unbuilt (store.index.lazy): a warm scan touches none of their layers.
 
 What changed within indexfile.RACY_NS of the scan that read it is not kept (a stamp is only as
 fine as the filesystem's clock). The file, how it is trusted, written and rebuilt: indexfile.
@@ -29,6 +37,7 @@ It is saved only when the scan found something changed.
 from __future__ import annotations
 
 import logging
+import marshal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,8 +47,9 @@ from typing import Any, TypeVar
 from modelfs.store.collector import cycles_uncollected
 from modelfs.store.digest import Digest
 from modelfs.store.index.indexfile import Stamp, read_index, write_index
+from modelfs.store.index.lazy import Tables, digest_of_hex
 from modelfs.store.layout import Layout
-from modelfs.store.manifest import Layer, ListChild, Manifest, ManifestList, ModelConfig
+from modelfs.store.manifest import Layer, Manifest, ManifestList, ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +64,26 @@ Listing = tuple[
     dict[str, int | None],
 ]
 
-FORMAT_VERSION = 2
+# What a scan worked out of a tag beyond its manifest, by the tag file's path: each variant as
+# (the child's manifest blob name, None for the tag's own manifest; runner; format), the
+# indexes of the list's children absent, (kind, message) of each problem found on the way,
+# and the missing-blob messages of its variants (None until asked: a hidden anchor's never
+# are). It depends on the tag's manifest, used only when that came from the index too, and on
+# blobs/ (which blobs are present, their sizes, configs, children), so it is kept with the
+# listing and used only while that is as it was.
+Recipe = tuple[
+    tuple[tuple[str | None, str | None, str | None], ...],
+    tuple[int, ...],
+    tuple[tuple[str, str], ...],
+    tuple[str, ...] | None,
+]
+# A directory of a manifests tree, by its path: its (inode, mtime_ns, ctime_ns), and its
+# entries' names, sorted, with a letter each for its kind (store.index.dirs).
+DirListing = tuple[tuple[int, int, int], tuple[str, ...], str]
+
+# Bumped when the file's shape changes, and when what a scan works out of a tag (Recipe) does:
+# an index of another version is rebuilt, never read.
+FORMAT_VERSION = 3
 MAGIC = b"modelfs scan index\n"
 FILE_NAME = "scan-index"
 T = TypeVar("T")
@@ -72,6 +101,8 @@ class ScanCache:
     # What a command worked out from a blob's bytes (`ls`: a GGUF header's summary, a
     # template's fields), by kind and hex: held to the listing, as sizes are.
     facts: dict[str, Any] = field(default_factory=dict)
+    entries: dict[str, Recipe] = field(default_factory=dict)  # held to the listing
+    dirs: dict[str, DirListing] = field(default_factory=dict)
     path: Path | None = None
     root: str = ""
     dirty: bool = False  # differs from what `path` holds
@@ -93,6 +124,8 @@ class ScanCache:
         """Take the listing a scan used; the facts go with the one they were read under."""
         if listing is None or self.listing is None or listing[0] != self.listing[0]:
             self.facts = {}
+        if listing is None:
+            self.entries = {}
         self.listing = listing
 
     def fact(self, kind: str, hex_: str, compute: Callable[[], T | None]) -> T | None:
@@ -140,7 +173,7 @@ def _load(cache: ScanCache, path: Path, root: str) -> str | None:
         _decode(cache, obj)
     except Exception as exc:  # a well-formed file of a shape we never write: rebuild it
         cache.manifests, cache.links, cache.blob_manifests, cache.configs = {}, {}, {}, {}
-        cache.listing, cache.facts = None, {}
+        cache.listing, cache.facts, cache.entries, cache.dirs = None, {}, {}, {}
         return f"corrupt ({type(exc).__name__})"
     return None
 
@@ -171,6 +204,9 @@ class _Encoder:
         if i is None:
             i = self.layers[t] = len(self.layers)
         return i
+
+    def packed(self, m: Parsed) -> tuple[int, bytes]:
+        return int(isinstance(m, ManifestList)), marshal.dumps(self.manifest(m))
 
     def manifest(self, m: Parsed) -> tuple[Any, ...]:
         if isinstance(m, ManifestList):
@@ -206,78 +242,43 @@ def _config_t(c: ModelConfig) -> tuple[Any, ...]:
 
 def _encode(cache: ScanCache) -> tuple[Any, ...]:
     enc = _Encoder()
-    manifests = [(p, s, enc.manifest(m)) for p, (s, m) in cache.manifests.items()]
-    blob_manifests = [(n, s, enc.manifest(m)) for n, (s, m) in cache.blob_manifests.items()]
-    configs = [(enc.digest(d), _config_t(c)) for d, c in cache.configs.items()]
+    # Each manifest as marshal data of its own, unpacked when it is first built (lazy).
+    manifests = {p: (s, *enc.packed(m)) for p, (s, m) in cache.manifests.items()}
+    blob_manifests = {n: (s, *enc.packed(m)) for n, (s, m) in cache.blob_manifests.items()}
+    configs = {d.hex: _config_t(c) for d, c in cache.configs.items()}
     return (
         cache.root,
-        tuple(enc.digests),
-        tuple(enc.layers),
+        "\n".join(enc.digests),
+        marshal.dumps(tuple(enc.layers)),
         manifests,
-        [(p, s, name) for p, (s, name) in cache.links.items()],
+        cache.links,
         blob_manifests,
         configs,
         cache.listing and (*cache.listing[:1], tuple(cache.listing[1]), *cache.listing[2:]),
         cache.facts,
+        cache.entries if cache.listing else {},
+        cache.dirs,
     )
 
 
-def _digest(hex_: str) -> Digest:
-    if not isinstance(hex_, str) or len(hex_) != 64:
-        raise ValueError("not a digest")
-    # Not Digest(hex_): its pattern check is a tenth of a load, and the file is ours and
-    # checksummed (a file that is not is never decoded).
-    d = object.__new__(Digest)
-    object.__setattr__(d, "hex", hex_)
-    return d
-
-
-class _Decoder:
-    def __init__(self, hexes: tuple[str, ...], layers: tuple[tuple[Any, ...], ...]) -> None:
-        self.digests = [_digest(h) for h in hexes]
-        digests = self.digests
-        self.layers = [Layer(m, digests[d], size, n, f) for m, d, size, n, f in layers]
-
-    def manifest(self, t: tuple[Any, ...]) -> Parsed:
-        digests = self.digests
-        if t[0] == 1:
-            _, raw, d, media, children = t
-            kids = tuple(
-                ListChild(digests[c], runner, fmt, None if inline is None else self.plain(inline))
-                for c, runner, fmt, inline in children
-            )
-            return ManifestList(raw, digests[d], kids, media)
-        _, raw, d, media, config, layers, runner, fmt = t
-        table = self.layers
-        return Manifest(
-            raw,
-            digests[d],
-            media,
-            None if config < 0 else table[config],
-            tuple(map(table.__getitem__, layers)),
-            runner,
-            fmt,
-        )
-
-    def plain(self, t: tuple[Any, ...]) -> Manifest:
-        m = self.manifest(t)
-        if not isinstance(m, Manifest):
-            raise TypeError("a list inside a list")
-        return m
-
-
 def _decode(cache: ScanCache, obj: Any) -> None:
-    _, hexes, layers, manifests, links, blob_manifests, configs, listing, facts = obj
-    dec = _Decoder(hexes, layers)
-    cache.manifests = {p: (tuple(s), dec.manifest(m)) for p, s, m in manifests}
-    cache.links = {p: (tuple(s), str(name)) for p, s, name in links}
-    cache.blob_manifests = {n: (tuple(s), dec.manifest(m)) for n, s, m in blob_manifests}
-    cache.configs = {dec.digests[d]: ModelConfig(*c) for d, c in configs}
+    _, hexes, layers, manifests, links, blob_manifests, configs, listing, facts = obj[:9]
+    entries, dirs = obj[9:]
+    tables = Tables(hexes, layers)
+    made = tables.manifest  # each built when first used: store.index.lazy
+    cache.manifests = {p: (s, made(k, m)) for p, (s, k, m) in manifests.items()}
+    cache.links = links
+    cache.blob_manifests = {n: (s, made(k, m)) for n, (s, k, m) in blob_manifests.items()}
+    cache.configs = {digest_of_hex(h): ModelConfig(*c) for h, c in configs.items()}
+    if not isinstance(links, dict) or not isinstance(entries, dict) or not isinstance(dirs, dict):
+        raise TypeError("links, entries or dirs")
     if listing:
         key, names, problems, sizes = listing
         if not isinstance(sizes, dict):
             raise TypeError("sizes")
-        cache.listing = (tuple(key), frozenset(names), tuple(tuple(p) for p in problems), sizes)
+        cache.listing = (key, frozenset(names), problems, sizes)
         if not isinstance(facts, dict):
             raise TypeError("facts")
         cache.facts = facts
+        cache.entries = entries  # made under that listing, and of no use without it
+    cache.dirs = dirs

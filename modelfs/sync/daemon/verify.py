@@ -3,16 +3,16 @@
     await verify(layout, VerifyOptions(...)) -> Report
     run_verify(root, options) -> Report               under trio.run, for the CLI
 
-1. Scan the store (manifests, what they name, strays, misnamed blobs) and load the verify cache.
-2. Check every `blobs/sha256-<hex>`, one large blob (largest first) or a batch of small ones
-   per worker thread (`trio.to_thread.run_sync` under a CapacityLimiter of `os.cpu_count()`;
-   hashlib and xxhash release the GIL, so a full check runs sha256 on every core); the small
-   batches one at a time, beside the large blobs from the start. Full:
-   sha256 + xxh3 of every blob. Quick: xxh3 only for blobs whose inode, size and mtime match
-   the cache (sha256 to confirm a mismatch), a full check for the others.
-3. Move each corrupt blob to `.modelfs/quarantine/` by rename. Out of `blobs/`, it is no longer
-   served: the mount rebuilds its tree when `blobs/` changes and lists no file whose blob is
-   missing, and `modelfs serve` opens blobs only from `blobs/`.
+1. List `blobs/` (name and stat stamp of each) and, for --quick, load the verify cache.
+2. Check the blobs in worker processes, one per core (`store.collect.workers`: a small blob
+   costs Python time, not hashing time, and threads would take turns on the GIL), each large
+   blob alone and small ones in batches, largest first; meanwhile this process scans the
+   store (manifests, what they name, strays, misnamed blobs). Full: sha256 of every blob.
+   Quick: a blob whose stamp (inode, size, mtime, ctime) matches the cache passes, after the
+   xxh3 of a sample of it matches too for one of 1 MiB or more; the others get a full check.
+3. The worker that finds a blob corrupt moves it to `.modelfs/quarantine/` by rename at once.
+   Out of `blobs/`, it is no longer served: the mount rebuilds its tree when `blobs/` changes
+   and lists no file whose blob is missing, and `modelfs serve` opens blobs only from `blobs/`.
 4. Save the cache (atomically; a read-only store is verified all the same).
 5. With `repair_from`: fetch every corrupt or missing blob that a manifest names from the peers,
    through `sync.pull.Puller` (hashed on arrival, fsynced, renamed into `blobs/`), under the
@@ -26,7 +26,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -36,19 +36,30 @@ import trio
 from modelfs.store.collect.gc import GcPolicy
 from modelfs.store.collect.reach import reachable
 from modelfs.store.collect.verify import (
+    SAMPLE_PIECE,
+    SAMPLE_PIECES,
+    Batch,
     BlobCheck,
     CacheEntry,
-    Interrupted,
+    Stamp,
     VerifyCache,
-    check_blob,
     drop_quarantined,
-    quarantine_blob,
     quarantined,
+    stamp_of,
 )
-from modelfs.store.collect.verify_report import Corrupt, Owner, Repair, Report, gc_keeps, survey
+from modelfs.store.collect.verify_report import (
+    Corrupt,
+    Owner,
+    Repair,
+    Report,
+    Survey,
+    gc_keeps,
+    survey,
+)
+from modelfs.store.collect.workers import Unit, Workers
 from modelfs.store.digest import Digest, is_blob_name
 from modelfs.store.layout import Layout
-from modelfs.store.scan import scan_store
+from modelfs.store.scan import ScanCache, scan_store
 from modelfs.store.units import counted, human_bytes
 from modelfs.sync.client.credentials import Credentials
 from modelfs.sync.client.threads import in_thread, run_unwrapped
@@ -68,161 +79,96 @@ class VerifyOptions:
     read_timeout: float | None = None  # for --repair-from peers; None: pull's default
 
 
-def _blobs_dir(layout: Layout) -> int:
-    """blobs/, open: thousands of small blobs are each opened and stat'ed twice, and by
-    name in an open directory the system need not walk the tree to it each time."""
-    return os.open(layout.blobs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-
-
-def _list_blobs(layout: Layout) -> list[tuple[str, int]]:
-    """(name, size) of every regular file under a canonical blob name, largest first."""
+def _list_blobs(layout: Layout) -> list[tuple[str, Stamp]]:
+    """(name, stat stamp) of every regular file under a canonical blob name, largest first."""
     out = []
     try:
-        dir_fd = _blobs_dir(layout)
+        # Open, so that each entry's stat is by name in it, not a walk from the root.
+        dir_fd = os.open(layout.blobs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except FileNotFoundError:
         return []
     try:
-        with os.scandir(dir_fd) as it:  # so each entry's stat is by name in blobs/, too
+        with os.scandir(dir_fd) as it:
             for de in it:
                 if is_blob_name(de.name) and de.is_file(follow_symlinks=False):
                     try:
-                        out.append((de.name, de.stat(follow_symlinks=False).st_size))
+                        out.append((de.name, stamp_of(de.stat(follow_symlinks=False))))
                     except OSError:
-                        out.append((de.name, 0))  # check_blob will say why
+                        out.append((de.name, (0, 0, 0, 0)))  # its check will say why
     finally:
         os.close(dir_fd)
-    out.sort(key=lambda item: (-item[1], item[0]))
+    out.sort(key=lambda item: -item[1][1])
     return out
 
 
-def _check_and_quarantine(
-    layout: Layout,
-    name: str,
-    entry: CacheEntry | None,
-    *,
-    quick: bool,
-    stop: Callable[[], bool],
-    dir_fd: int | None,
-) -> BlobCheck:
-    """Check one blob; a corrupt one leaves blobs/ at once (not at the end of a run that may
-    take hours, during which it would be served, and a good copy could be put in its place).
-    By name in blobs/ open as `dir_fd`; by path without it."""
-    path = name if dir_fd is not None else f"{layout.blobs}/{name}"
-    check = check_blob(path, entry, quick=quick, stop=stop, dir_fd=dir_fd)
-    if check.status == "corrupt":
-        try:
-            check.quarantined = quarantine_blob(layout, name, check.key)
-        except OSError as exc:
-            check.quarantine_error = f"not quarantined: {exc.strerror or exc}"
-    return check
+BATCH_BYTES = 8 << 20  # small blobs go to a worker together, up to this many bytes…
+BATCH_BLOBS = 512  # …or this many: a hand-off costs as much as checking a few small blobs
 
 
-BATCH_BYTES = 8 << 20  # small blobs go to a thread together, up to this many bytes…
-BATCH_BLOBS = 256  # …or this many: a thread hand-off costs as much as hashing a small blob
+@dataclass(slots=True)
+class Plan:
+    """What to check: units for the workers (largest first), and the blobs a quick run
+    passes on their stat stamp alone, with no read (their cache entries kept)."""
+
+    units: list[Unit] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+    kept_bytes: int = 0
 
 
-def _batches(blobs: list[tuple[str, int]]) -> tuple[list[list[str]], list[list[str]]]:
-    """Blob names in work units, largest first: each large blob alone, and small ones
-    together."""
-    large: list[list[str]] = []
-    small: list[list[str]] = []
-    batch: list[str] = []
+def _plan(blobs: list[tuple[str, Stamp]], cache: VerifyCache, quick: bool) -> Plan:
+    plan = Plan()
+    stamps = cache.stamps if quick else {}
+    names: list[str] = []
+    cached: list[CacheEntry | None] = []
     size = 0
-    for name, n in blobs:
-        if n >= BATCH_BYTES:
-            large.append([name])
+
+    def cut() -> None:
+        nonlocal names, cached, size
+        if names:
+            plan.units.append((names, cached if quick else None))
+            names, cached, size = [], [], 0
+
+    for name, stamp in blobs:
+        cost = stamp[1]
+        entry = None
+        if stamps.get(name) == stamp:
+            entry = cache.get(name)
+            if entry is None or entry.sample is None:
+                plan.kept.append(name)
+                plan.kept_bytes += cost
+                continue
+            cost = SAMPLE_PIECE * SAMPLE_PIECES
+        if cost >= BATCH_BYTES:
+            plan.units.append(([name], [entry] if quick else None))
             continue
-        if batch and (size + n > BATCH_BYTES or len(batch) >= BATCH_BLOBS):
-            small.append(batch)
-            batch, size = [], 0
-        batch.append(name)
-        size += n
-    if batch:
-        small.append(batch)
-    return large, small
+        if names and (size + cost > BATCH_BYTES or len(names) >= BATCH_BLOBS):
+            cut()
+        names.append(name)
+        cached.append(entry)
+        size += cost
+    cut()
+    return plan
 
 
-def _check_batch(
-    layout: Layout,
-    names: list[str],
-    entries: dict[str, CacheEntry],
-    *,
-    quick: bool,
-    stop: Callable[[], bool],
-) -> list[BlobCheck]:
-    checks = []
-    try:
-        dir_fd: int | None = _blobs_dir(layout)
-    except OSError:
-        dir_fd = None  # each check then says what is wrong with its blob
-    try:
-        for name in names:
-            if stop():
-                raise Interrupted()
-            entry = entries.get(name)
-            checks.append(
-                _check_and_quarantine(layout, name, entry, quick=quick, stop=stop, dir_fd=dir_fd)
-            )
-    finally:
-        if dir_fd is not None:
-            os.close(dir_fd)
-    return checks
-
-
-async def _check_all(
-    layout: Layout, blobs: list[tuple[str, int]], cache: VerifyCache, options: VerifyOptions
-) -> dict[str, BlobCheck]:
-    workers = max(1, options.workers)
-    limiter = trio.CapacityLimiter(workers)
-    results: dict[str, BlobCheck] = {}
-    large, small = _batches(blobs)
-    todo_large, todo_small = iter(large), iter(small)
-    # Small blobs cost Python time (open, stat, a few objects), not hashing time, and two
-    # threads checking them at once spend it fighting over the GIL: 2,000 of them took twice
-    # as long on two threads as on one. So one thread at a time checks them, from the start,
-    # beside the threads hashing large blobs (which hold the GIL only between chunks).
-    small_lane = trio.Lock()
-    total = sum(size for _, size in blobs)
-    done = [0]
-
-    async def check(names: list[str]) -> None:
-        stop = threading.Event()  # set by in_thread when we are cancelled (Ctrl-C)
-        async with limiter:
-            checks = await in_thread(
-                partial(_check_batch, layout, quick=options.quick, stop=stop.is_set),
-                names,
-                cache.entries,
-                stop=stop,
-            )
-        for one in checks:
-            results[one.name] = one
-            done[0] += one.size
-
-    async def worker(small_first: bool) -> None:
-        for todo in (todo_small, todo_large) if small_first else (todo_large, todo_small):
-            for names in todo:
-                if todo is todo_small:
-                    async with small_lane:
-                        await check(names)
-                else:
-                    await check(names)
+async def _check_all(pool: Workers, plan: Plan, total: tuple[int, int]) -> list[Batch]:
+    """Wait for the workers (in a thread, so a scan can run meanwhile)."""
+    stop = threading.Event()  # set by in_thread when we are cancelled (Ctrl-C)
 
     async def progress() -> None:
         while True:
             await trio.sleep(PROGRESS_EVERY)
+            blobs, size = pool.progress()
             log.info(
                 "verified %.1f of %.1f GB (%d of %d blobs)",
-                done[0] / 1e9,
-                total / 1e9,
-                len(results),
-                len(blobs),
+                (size + plan.kept_bytes) / 1e9,
+                total[1] / 1e9,
+                blobs + len(plan.kept),
+                total[0],
             )
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(progress)
-        async with trio.open_nursery() as lanes:
-            for i in range(workers):
-                lanes.start_soon(worker, i == 0)
+        results = await in_thread(partial(pool.run, stop=stop.is_set), stop=stop)
         nursery.cancel_scope.cancel()
     return results
 
@@ -230,20 +176,40 @@ async def _check_all(
 def _settle(
     layout: Layout,
     report: Report,
-    checks: dict[str, BlobCheck],
+    plan: Plan,
+    batches: list[Batch],
     cache: VerifyCache,
-    owners: dict[Digest, list[Owner]],
+    found: Survey,
 ) -> None:
-    """Quarantine the corrupt blobs, fill the report from the checks, update the cache."""
-    entries = {}
-    for name, check in sorted(checks.items()):
-        report.blobs += 1
-        report.bytes += check.size
-        report.bytes_read += check.bytes_read
-        report.sha256 += check.sha256_done
-        report.xxh3_only += check.xxh3_only
-        if check.entry is not None:
-            entries[name] = check.entry
+    """Fill the report from the checks (corrupt blobs already quarantined), update the cache."""
+    new = VerifyCache(layout)
+    for name in plan.kept:
+        new.stamps[name] = cache.stamps[name]
+        new.times[name] = cache.times[name]
+    report.blobs = len(plan.kept) + sum(len(names) for names, _ in plan.units)
+    report.xxh3_only = len(plan.kept)
+    report.bytes = plan.kept_bytes
+    problems: list[BlobCheck] = []
+    for (names, _), batch in zip(plan.units, batches, strict=True):
+        report.bytes += batch.bytes
+        report.bytes_read += batch.bytes_read
+        report.sha256 += batch.sha256
+        report.xxh3_only += batch.xxh3_only
+        passed = [(n, s) for n, s in zip(names, batch.stamps, strict=True) if s is not None]
+        new.stamps.update(passed)
+        new.times.update((n, batch.verified_at) for n, _ in passed)
+        new.samples.update((names[i], sample) for i, sample in batch.samples.items())
+        for i in batch.kept:
+            name = names[i]
+            new.times[name] = cache.times[name]
+            if name in cache.samples:
+                new.samples[name] = cache.samples[name]
+        problems += batch.problems
+    owners = found.owners(
+        {Digest(c.name.removeprefix("sha256-")) for c in problems if c.status == "corrupt"}
+    )
+    for check in sorted(problems, key=lambda c: c.name):
+        name = check.name
         if check.status == "unreadable":
             report.unreadable.append((name, check.error or "unreadable"))
         elif check.status == "changed":
@@ -263,9 +229,8 @@ def _settle(
                 corrupt.error = check.quarantine_error or "not quarantined"
                 log.error("blobs/%s is corrupt; %s", name, corrupt.error)
             report.corrupt.append(corrupt)
-    if entries != cache.entries:  # a quick run that found nothing new writes nothing
-        cache.entries = entries
-        report.cache_written = cache.save()
+    if not new.same(cache):  # a quick run that found nothing new writes nothing
+        report.cache_written = new.save()
 
 
 async def verify(layout: Layout, options: VerifyOptions | None = None) -> Report:
@@ -274,39 +239,58 @@ async def verify(layout: Layout, options: VerifyOptions | None = None) -> Report
     mode = "quick" if options.quick else "full"
     report = Report(layout.root, mode)
 
-    index = await trio.to_thread.run_sync(scan_store, layout)
-    reach = await trio.to_thread.run_sync(reachable, layout)
-    found = survey(index, reach)
     blobs = await trio.to_thread.run_sync(_list_blobs, layout)
-    cache = await trio.to_thread.run_sync(VerifyCache.load, layout)
+    # A full run trusts nothing of the cache: it writes a new one.
+    cache = (
+        await trio.to_thread.run_sync(VerifyCache.load, layout)
+        if options.quick
+        else VerifyCache(layout)
+    )
+    total = (len(blobs), sum(stamp[1] for _, stamp in blobs))
     log.info(
         "verifying %d blobs (%s), %s, %d at a time",
         len(blobs),
-        human_bytes(sum(s for _, s in blobs)),
-        "quick (xxh3 where the cache allows)" if options.quick else "full sha256",
+        human_bytes(total[1]),
+        "quick (stat stamps and samples against the last full check)"
+        if options.quick
+        else "full sha256",
         options.workers,
     )
-    checks = await _check_all(layout, blobs, cache, options)
+    plan = _plan(blobs, cache, options.quick)
+    found: list[Survey] = []
 
-    await trio.to_thread.run_sync(_settle, layout, report, checks, cache, found.owners)
+    async def look() -> None:
+        # With the scan index, as `ls` scans: it says which models own which blobs, and this
+        # run checks every blob's bytes itself, so nothing it trusts goes unchecked.
+        index = await trio.to_thread.run_sync(lambda: scan_store(layout, ScanCache.open(layout)))
+        reach = await trio.to_thread.run_sync(reachable, layout)
+        found.append(survey(index, reach))
+
+    # Forked here, before the scan's thread starts (a fork copies no other thread, and a lock
+    # one held would stay held in the child), and they start at once; the scan runs meanwhile.
+    with Workers(layout, plan.units, options.workers) as pool:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(look)
+            batches = await _check_all(pool, plan, total)
+    [survey_] = found
+    await trio.to_thread.run_sync(_settle, layout, report, plan, batches, cache, survey_)
 
     corrupt = {c.name for c in report.corrupt}
     # A corrupt blob of the wrong size (truncated, zero-length) is fetched at the size its
     # manifests give, not its own.
-    declared = {m.digest: m.size for m in found.missing}
-    report.missing = [m for m in found.missing if m.digest.blob_name not in corrupt]
+    declared = {m.digest: m.size for m in survey_.missing}
+    report.missing = [m for m in survey_.missing if m.digest.blob_name not in corrupt]
+    referenced = survey_.referenced
     report.orphaned = [
-        (name, size)
-        for name, size in blobs
-        if name not in corrupt and Digest(name.removeprefix("sha256-")) not in found.referenced
+        (name, stamp[1]) for name, stamp in blobs if name not in corrupt and name not in referenced
     ]
     # The default grace: a daemon's or `modelfs gc --grace` may differ.
     report.kept = await trio.to_thread.run_sync(
         gc_keeps, layout, report.orphaned, time.time(), GcPolicy().grace
     )
-    report.stray = found.stray
-    report.misnamed = found.misnamed
-    report.bad_manifests = found.bad_manifests
+    report.stray = survey_.stray
+    report.misnamed = survey_.misnamed
+    report.bad_manifests = survey_.bad_manifests
 
     if options.repair_from:
         await _repair(layout, report, options, declared)

@@ -34,6 +34,7 @@ import trio
 
 from modelfs.runtime.leasing import LiveLease, leased
 from modelfs.store.blobs import BlobStore
+from modelfs.store.collect.reach import reachable
 from modelfs.store.digest import Digest
 from modelfs.store.errors import ManifestError, StoreError
 from modelfs.store.formats.artifacts import check_artifact, land
@@ -48,6 +49,7 @@ from modelfs.sync.client.threads import run_unwrapped
 from modelfs.sync.errors import (
     LocalWriteError,
     PeerError,
+    PeerLiedError,
     PeerNotFoundError,
     SyncError,
     local_error,
@@ -165,8 +167,15 @@ class Puller:
         # Every blob once, config first, in manifest order.
         blobs: dict[Digest, int] = {}
         for m in manifests:
-            for digest, size in m.blob_sizes().items():
-                blobs.setdefault(digest, size)
+            refs = [m.config, *m.layers] if m.config is not None else m.layers
+            for ref in refs:
+                # One blob, two sizes: fetched at one, the manifest would name it at the
+                # other, a blob that is never here.
+                if blobs.setdefault(ref.digest, ref.size) != ref.size:
+                    raise PeerLiedError(
+                        f"{top.url}: {label} names blob {ref.digest} with two sizes "
+                        f"({blobs[ref.digest]} and {ref.size} bytes)"
+                    )
         # Leased (on disk) before any blob is judged present or fetched, until the manifest
         # names them: a GC on any host leaves them alone meanwhile (GC invariant 3,
         # docs/architecture.md).
@@ -201,6 +210,10 @@ class Puller:
                     # pull fetched for it goes again, as if never asked for.
                     await trio.to_thread.run_sync(self._discard, fetched_here, lease.keeper)
                     raise
+                except OSError as exc:
+                    # A full disk while the tar's members are copied out: the fetched blobs
+                    # stay (a pull with room lands them without fetching), nothing is named.
+                    raise local_error(exc, self.layout, f"the files of {label}") from None
                 written = await trio.to_thread.run_sync(
                     self.manifests.write_manifest, name, raw, had_v2
                 )
@@ -212,13 +225,19 @@ class Puller:
 
     def _discard(self, digests: list[Digest], keeper: LeaseKeeper) -> None:
         """Remove blobs this pull fetched that nothing else holds: no other pull of this
-        process (a daemon's share one lease) and no other process's lease."""
+        process (a daemon's share one lease), no other process's lease, and no manifest. A
+        pull elsewhere that found one of them here meanwhile named it in its manifest and
+        dropped its lease: the leases are read first, then the manifests, so that such a
+        pull is seen in one or the other (as GC reads them, docs/architecture.md)."""
         others: set[Digest] = set()
         for held in read_leases(self.layout).live:
             if not keeper.mine(held):
                 others |= held.digests
+        reach = reachable(self.layout)
+        if not reach.complete:
+            return  # a manifest unread may name any of them: GC decides later
         for d in digests:
-            if keeper.holds(d) <= 1 and d not in others:
+            if keeper.holds(d) <= 1 and d not in others and d.blob_name not in reach.blob_names:
                 with contextlib.suppress(FileNotFoundError):
                     self.layout.blob(d).unlink()
 

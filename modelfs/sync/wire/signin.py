@@ -390,9 +390,7 @@ class Access:
         ts, nonce, mac = parts
         if not ts.isdigit() or len(ts) > 12 or not 0 < len(nonce) <= MAX_NONCE:
             return False
-        expected = _mac(
-            self._token_hash, "peer-request", f"{ts}.{nonce}", _subject(method, target)
-        )
+        expected = _mac(self._token_hash, "peer-request", f"{ts}.{nonce}", _subject(method, target))
         if not hmac.compare_digest(mac.encode(), expected.encode()):
             return False
         now = time.time()

@@ -1,0 +1,325 @@
+"""`modelfs verify` on worker processes, and what `--quick` promises (docs/gc.md).
+
+The damage: one small blob among hundreds changed in place, its size and mtime put back (so
+only its bytes and its ctime betray it); damage that bypasses the filesystem, simulated by
+giving the cache the stamp the damaged file now has (a failing disk changes bytes, never a
+ctime); workers stopped, killed, and a verify interrupted with Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import xxhash
+
+from modelfs.store.collect.verify import (
+    CHUNK,
+    SAMPLE_FROM,
+    Interrupted,
+    VerifyCache,
+    hash_fd,
+    sample_hash,
+    sample_pieces,
+)
+from modelfs.store.collect.workers import WorkerError, Workers
+from modelfs.store.digest import Digest
+from modelfs.store.layout import Layout
+from modelfs.sync.daemon.verify import BATCH_BLOBS
+from tests.builders import TinyStore
+from tests.test_pull import weights
+from tests.test_verify import MODELFS, Model, verify
+
+MiB = 1 << 20
+
+
+def flip_in_place(path: Path, offset: int) -> None:
+    """Flip one bit at `offset`; size and mtime put back to the nanosecond."""
+    st = path.stat()
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([byte ^ 1]))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    after = path.stat()
+    assert (after.st_size, after.st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+
+
+def as_if_unchanged(layout: Layout, name: str) -> None:
+    """Give the cache entry of `name` the stamp its file has now: what a quick run sees
+    after damage that did not go through the filesystem (which leaves the ctime alone)."""
+    cache = VerifyCache.load(layout)
+    st = (layout.blobs / name).stat()
+    stamp = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    entry = cache.get(name)
+    assert entry is not None
+    cache.put(name, entry._replace(stamp=stamp))
+    assert cache.save()
+
+
+def many_small(root: Path, n: int) -> tuple[TinyStore, list[bytes]]:
+    tiny = TinyStore(root)
+    payloads = [weights(200 + i % 300, seed=i) for i in range(n)]
+    tiny.legacy("many:1", tiny.manifest([tiny.layer("params", p) for p in payloads]))
+    return tiny, payloads
+
+
+# -- full checks on workers ---------------------------------------------------------------------
+def test_a_small_blob_changed_in_place_among_many_is_caught_by_a_full_check(
+    tmp_path: Path,
+) -> None:
+    # Several batches, so several workers: the bad blob is in the middle of one.
+    tiny, payloads = many_small(tmp_path / "models", 3 * BATCH_BLOBS)
+    rc, report, _ = verify(tiny.root)
+    assert rc == 0 and report["checked"]["sha256"] == report["checked"]["blobs"]
+    bad = Digest.of_bytes(payloads[len(payloads) // 2])
+    flip_in_place(tiny.layout.blob(bad), 7)
+    rc, report, _ = verify(tiny.root)
+    assert rc == 1 and report["problems"] == ["1 corrupt"]
+    [corrupt] = report["corrupt"]
+    assert corrupt["blob"] == f"blobs/{bad.blob_name}"
+    assert corrupt["quarantined"] == f".modelfs/quarantine/{bad.blob_name}"
+    assert report["checked"]["blobs"] == len(payloads) + 1  # and the config
+    assert report["checked"]["sha256"] == len(payloads) + 1
+    assert not tiny.layout.blob(bad).exists()
+
+
+def test_quick_catches_a_small_blob_changed_in_place_by_its_ctime(tmp_path: Path) -> None:
+    tiny, payloads = many_small(tmp_path / "models", 50)
+    assert verify(tiny.root)[0] == 0
+    bad = Digest.of_bytes(payloads[3])
+    flip_in_place(tiny.layout.blob(bad), 0)
+    rc, report, _ = verify(tiny.root, "--quick")
+    assert rc == 1 and [c["blob"] for c in report["corrupt"]] == [f"blobs/{bad.blob_name}"]
+    # Only that blob was read: the others passed on their stamps alone.
+    assert report["checked"]["sha256"] == 1
+    assert report["checked"]["bytes_read"] == len(payloads[3])
+
+
+# -- what --quick cannot catch, as docs/gc.md says ---------------------------------------------
+def test_quick_misses_damage_below_the_filesystem_in_a_small_blob_and_full_does_not(
+    tmp_path: Path,
+) -> None:
+    tiny, payloads = many_small(tmp_path / "models", 10)
+    assert verify(tiny.root)[0] == 0
+    bad = Digest.of_bytes(payloads[0])
+    flip_in_place(tiny.layout.blob(bad), 5)
+    as_if_unchanged(tiny.layout, bad.blob_name)
+    rc, report, _ = verify(tiny.root, "--quick")
+    assert rc == 0 and report["checked"]["bytes_read"] == 0  # under 1 MiB: the stamp alone
+    rc, report, _ = verify(tiny.root)
+    assert rc == 1 and [c["blob"] for c in report["corrupt"]] == [f"blobs/{bad.blob_name}"]
+
+
+@pytest.mark.parametrize("where", ["sampled", "between samples"])
+def test_quick_sees_damage_below_the_filesystem_only_in_its_sample(
+    tmp_path: Path, where: str
+) -> None:
+    m = Model(tmp_path / "models", size=4 * MiB)
+    pieces = sample_pieces(len(m.payload))
+    assert len(pieces) == 16 and sum(n for _, n in pieces) == len(m.payload) // 16
+    assert pieces[0][0] == 0 and sum(pieces[-1]) == len(m.payload)  # first and last byte
+    assert verify(m.root)[0] == 0
+    first_gap = pieces[0][1] + 10
+    assert first_gap < pieces[1][0]
+    offset = pieces[5][0] + 100 if where == "sampled" else first_gap
+    flip_in_place(m.blob, offset)
+    as_if_unchanged(m.layout, m.digest.blob_name)
+    rc, report, _ = verify(m.root, "--quick")
+    if where == "sampled":
+        # The sample differs: a full check confirms it, and it is quarantined.
+        assert rc == 1 and report["problems"] == ["1 corrupt"]
+        assert report["checked"]["sha256"] == 1
+    else:
+        assert rc == 0 and report["checked"]["sha256"] == 0
+        rc, report, _ = verify(m.root)
+        assert rc == 1 and report["problems"] == ["1 corrupt"]
+
+
+def test_quick_reads_a_sixteenth_of_a_large_blob_and_nothing_of_small_ones(
+    tmp_path: Path,
+) -> None:
+    m = Model(tmp_path / "models", size=SAMPLE_FROM * 3 + 12345)
+    assert verify(m.root)[0] == 0
+    rc, report, _ = verify(m.root, "--quick")
+    assert rc == 0 and report["checked"]["sha256"] == 0
+    assert report["checked"]["xxh3_only"] == report["checked"]["blobs"] == 4
+    assert report["checked"]["bytes_read"] == sum(n for _, n in sample_pieces(len(m.payload)))
+    assert report["checked"]["bytes_read"] <= len(m.payload) // 16
+
+
+def test_quick_without_a_cache_entry_is_a_full_check(tmp_path: Path) -> None:
+    tiny, _ = many_small(tmp_path / "models", 20)
+    rc, report, _ = verify(tiny.root, "--quick")
+    assert rc == 0 and report["checked"]["sha256"] == report["checked"]["blobs"] == 21
+
+
+# -- workers are always stopped -----------------------------------------------------------------
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_workers_stop_when_told_to_mid_run(tmp_path: Path) -> None:
+    tiny = TinyStore(tmp_path / "models")
+    # Sparse blobs (no disk) of 64 MiB each, seconds of hashing in all (their names are
+    # wrong, which does not matter: the run is stopped long before the end).
+    units: list[Any] = []
+    for i in range(100):
+        name = f"sha256-{i:064x}"
+        with open(tiny.layout.blobs / name, "wb") as f:
+            f.truncate(64 * MiB)
+        units.append(([name], None))
+    with Workers(tiny.layout, units, 2) as pool:
+        pids = [p.pid for p in pool.procs if p.pid is not None]
+        assert len(pids) == 2
+        with pytest.raises(Interrupted):
+            pool.run(stop=lambda: pool.progress()[0] >= 3)
+        assert pool.progress()[0] < len(units)  # stopped before the end
+    assert all(gone(pid) for pid in pids)
+
+
+def test_a_worker_killed_mid_run_is_an_error_and_the_others_stop(tmp_path: Path) -> None:
+    tiny, payloads = many_small(tmp_path / "models", 400)
+    units: list[Any] = [([Digest.of_bytes(p).blob_name], None) for p in payloads]
+    with Workers(tiny.layout, units, 2) as pool:
+        pids = [p.pid for p in pool.procs if p.pid is not None]
+        os.kill(pids[0], signal.SIGKILL)
+        with pytest.raises(WorkerError):
+            pool.run(stop=lambda: False)
+    assert all(gone(pid) for pid in pids)
+
+
+def children(pid: int) -> set[int]:
+    out: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        text = (task / "children").read_text()
+        out.update(int(x) for x in text.split())
+    return out
+
+
+def test_ctrl_c_stops_verify_and_its_workers(tmp_path: Path) -> None:
+    m = Model(tmp_path / "models")
+    # Sparse blobs (no disk used) that take seconds to hash; named wrong, which does not
+    # matter: the run is interrupted first.
+    for i in range(4):
+        with open(m.layout.blobs / f"sha256-{i:064x}", "wb") as f:
+            f.truncate(8 << 30)
+    proc = subprocess.Popen(
+        [MODELFS, "verify", "--store", str(m.root)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        workers: set[int] = set()
+        while len(workers) < 2 and time.monotonic() < deadline:
+            workers = children(proc.pid)
+            time.sleep(0.05)
+        assert len(workers) >= 2, "no workers started"
+        time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0
+    assert b"Traceback" not in err, err.decode(errors="replace")
+    deadline = time.monotonic() + 5
+    while not all(gone(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(gone(pid) for pid in workers)
+
+
+@pytest.mark.parametrize(
+    "size",
+    [
+        0,
+        1,
+        CHUNK - 1,
+        CHUNK,
+        CHUNK + 1,
+        SAMPLE_FROM - 1,
+        SAMPLE_FROM,
+        3 * SAMPLE_FROM + 12345,
+        17 * MiB + 1,
+    ],
+)
+def test_the_sample_taken_in_the_full_pass_is_the_one_quick_reads(
+    tmp_path: Path, size: int
+) -> None:
+    """A full check hashes the sample in its one pass, chunk by chunk, where pieces straddle
+    chunks; --quick reads the pieces alone. Both must agree, or every quick run would
+    re-hash every large blob (or, worse, pass a changed one)."""
+    data = weights(size, seed=size)
+    path = tmp_path / "blob"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        sampled = size >= SAMPLE_FROM
+        hashes = hash_fd(fd, size_hint=size, sample=sampled)
+        assert hashes.sha256 == hashlib.sha256(data).hexdigest() and hashes.size == size
+        assert hashes.sample == (sample_hash(fd, size) if sampled else None)
+        if sampled:
+            want = xxhash.xxh3_128(b"".join(data[o : o + n] for o, n in sample_pieces(size)))
+            assert hashes.sample == want.hexdigest()
+    finally:
+        os.close(fd)
+
+
+def test_an_unreadable_small_blob_among_many_is_reported_by_its_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A small blob is read with one pread (a large one with preadv): its EIO, raised in a
+    worker process (forked after the patch, so it has it), is one UNREADABLE line."""
+    import errno
+
+    import modelfs.store.collect.verify as sv
+    from modelfs.sync.daemon.verify import VerifyOptions, run_verify
+
+    tiny, payloads = many_small(tmp_path / "models", 3 * BATCH_BLOBS)
+    bad = Digest.of_bytes(payloads[100]).blob_name
+    real = os.pread
+
+    def failing(fd: int, n: int, offset: int) -> bytes:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(bad):
+            raise OSError(errno.EIO, "Input/output error")
+        return real(fd, n, offset)
+
+    monkeypatch.setattr(sv.os, "pread", failing)
+    report = run_verify(tiny.root, VerifyOptions(workers=2))
+    assert report.problems == ["1 unreadable"]
+    assert report.unreadable == [(bad, "Input/output error")]
+    assert report.sha256 == len(payloads)  # every other blob, and the config
+    assert tiny.layout.blob(Digest.of_bytes(payloads[100])).exists()  # not moved
+
+
+def test_a_worker_that_fails_raises_its_error_and_every_worker_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import modelfs.store.collect.workers as sw
+
+    tiny, payloads = many_small(tmp_path / "models", 40)
+    units: list[Any] = [([Digest.of_bytes(p).blob_name], None) for p in payloads]
+
+    def broken(*args: object, **kw: object) -> object:
+        raise RuntimeError("a bug in a worker")
+
+    monkeypatch.setattr(sw, "check_batch", broken)
+    with Workers(tiny.layout, units, 2) as pool:
+        pids = [p.pid for p in pool.procs if p.pid is not None]
+        with pytest.raises(RuntimeError, match="a bug in a worker"):
+            pool.run(stop=lambda: False)
+    assert all(gone(pid) for pid in pids)
