@@ -72,7 +72,10 @@ def blob_ops(tmp_path: Path) -> tuple[ModelOperations, BlobNode, BlobNode]:
     tree = TreeBuilder(InodeTable()).build(scan_store(tiny.root))
     ops = ModelOperations(tree, 0, 0, tiny.root)
     ops.passthrough = True  # as INIT grants it
+    _ = tree.root.children[".blobs"].children  # blob nodes are made when first shown
     one, two = list(tree.blob_nodes.values())[:2]
+    for node in (one, two):
+        ops._handed_out(node.inode)  # as by the kernel's lookup: kept across a swap
     return ops, one, two
 
 
@@ -316,6 +319,7 @@ async def test_served_reads_leave_one_copy_in_the_page_cache(tmp_path: Path) -> 
     tiny.gguf_model("m:1", payload=weights)
     tree = TreeBuilder(InodeTable()).build(scan_store(tiny.root))
     ops = ModelOperations(tree, 0, 0, tiny.root)  # passthrough off, as at a user's INIT
+    _ = tree.root.children[".blobs"].children  # blob nodes are made when first shown
     node = next(n for n in tree.blob_nodes.values() if n.size == len(weights))
 
     async def read_all() -> bytes:

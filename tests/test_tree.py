@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from modelfs.demo import build_demo_store
-from modelfs.fsd.builder import TreeBuilder, short_path
+from modelfs.fsd import tool_dirs
+from modelfs.fsd.builder import NameTree, TreeBuilder, short_path
 from modelfs.fsd.mount import changed_entries
 from modelfs.fsd.nodes import BlobNode, DirNode, InodeTable, Node
 from modelfs.fsd.ops import ModelOperations
@@ -269,3 +270,119 @@ def test_changed_entries_fills_only_what_was_looked_at(tmp_path: Path) -> None:
     assert list(changed_entries(second, third)) == []
     lazy = [n for n in walk_loaded(third.root) if isinstance(n, DirNode) and not n.loaded]
     assert lazy  # only what `second` had filled was filled in `third`
+
+
+def shared_tool_store(root: Path) -> StoreIndex:
+    """Blobs the tool layouts show more than once: one GGUF in two tags of a repository (one
+    LM Studio folder, two hub snapshots), in another repository too, a projector beside it,
+    safetensors shards with their config, and the demo store's models around them."""
+    build_demo_store(root)
+    tiny = TinyStore(root)
+    weights = tiny.layer("model", b"shared GGUF weights")
+    projector = tiny.layer("projector", b"shared projector")
+    for name in ("hf.co/org/Shared-GGUF:Q4_K_M", "hf.co/org/Shared-GGUF:Q8_0", "shared:1b"):
+        tiny.legacy(name, tiny.manifest([weights, projector, tiny.layer("license", b"MIT")]))
+    config = tiny.layer("json", b'{"model_type":"x"}', name="config.json")
+    shards = [tiny.layer("tensor", bytes([t]) * 16, name=f"w{t}") for t in range(3)]
+    st = {"model_format": "safetensors", "model_family": "llama", "file_type": "F16"}
+    for name in ("st:a", "st:b"):
+        tiny.legacy(name, tiny.manifest([*shards, config], st))
+    return scan_store(root)
+
+
+def test_tool_link_counts_asked_first_agree_with_the_whole_layouts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A blob's link count asked before any tool layout was looked into (the layouts of the
+    repositories holding it) is the one the whole layouts give, and the places shown."""
+    monkeypatch.setattr(tool_dirs, "COUNT_ALONE", 1 << 30)  # every blob from its repositories
+    index = shared_tool_store(tmp_path / "models")
+    early = TreeBuilder(InodeTable()).build(index)
+    blobs = early.root.children[".blobs"]  # makes every blob's node, and no tool layout
+    assert isinstance(blobs, DirNode) and len(blobs.children) == len(early.blob_nodes) > 20
+    assert all(b.links_pending for b in early.blob_nodes.values())
+    first = {d: b.count_links() for d, b in early.blob_nodes.items()}  # each alone
+    assert not any(b.links_pending for b in early.blob_nodes.values())
+    whole = TreeBuilder(InodeTable()).build(index)
+    paths = walk(whole.root)  # fills the tool tops first: the whole layouts count
+    assert {d: whole.blob_nodes[d].links for d in first} == first
+    for blob in whole.blob_nodes.values():
+        assert blob.links == sum(n is blob for n in paths.values())
+    # The three GGUF tags name one manifest (one .by-digest/ directory, one hub snapshot for
+    # both hf.co tags, in which the GGUF has a name per tag); the two safetensors tags too, and
+    # their shards have one name in that snapshot: each place counted once (an eager build
+    # counted a file of a snapshot once per tag naming it: 8 links for 7 places).
+    gguf = Digest.of_bytes(b"shared GGUF weights")
+    model_dirs = 3 + 3 + 1  # short names, .by-name, .by-digest
+    assert first[gguf] == 1 + model_dirs + 2 + 2  # .blobs, two LM Studio folders, two hub names
+    assert first[Digest.of_bytes(bytes([1]) * 16)] == 1 + (2 + 2 + 1) + 1
+
+
+def test_what_a_build_counts_is_what_the_plans_show(tmp_path: Path) -> None:
+    """The build counts a model directory's blobs from its manifest's layers, its plan made
+    when it is filled: both say the same of every manifest (which blobs, config, tensors,
+    model.gguf, mmproj.gguf, the .gguf files and each blob's media type), json layers taking
+    a GGUF's name and two layers of a kind among them."""
+    index = shared_tool_store(tmp_path / "models")
+    tiny = TinyStore(tmp_path / "models")
+    taken = tiny.layer("json", b"{}", name="model.gguf")
+    two = [tiny.layer("model", b"first"), tiny.layer("model", b"second")]
+    late = tiny.layer("json", b"[]", name="mmproj.gguf")
+    tiny.legacy("odd:taken", tiny.manifest([taken, *two, tiny.layer("projector", b"p"), late]))
+    tiny.legacy("odd:two", tiny.manifest([*two, tiny.layer("projector", b"p")]))
+    index = scan_store(tiny.root)
+    tree = TreeBuilder(InodeTable()).build(index)
+    build = tree._build
+    assert build is not None
+    manifests = {v.manifest.digest: v.manifest for e in index for v in e.variants}
+    shapes = {d: build._shape(m) for d, m in manifests.items()}  # before any node is made
+    media = dict(build.media)
+    walk(tree.root)
+    gguf: set[Digest] = set()
+    for digest, m in manifests.items():
+        plan, shape = build._plan(m), shapes[digest]
+        by_path = {f.path: f.layer.digest for f, _ in plan.shown}
+        assert shape.shown == tuple(f.layer.digest for f, _ in plan.shown)
+        assert shape.config == (plan.config.digest if plan.config else None)
+        assert shape.tensors == plan.tensors
+        assert (shape.model, shape.projector) == (
+            by_path.get("model.gguf"),
+            by_path.get("mmproj.gguf"),
+        )
+        gguf |= {f.layer.digest for f, _ in plan.shown if f.path.endswith(".gguf")}
+        for f, blob in plan.shown:  # the media type of the first layer met with its digest
+            assert blob.media_type == media[blob.digest] == media.get(f.layer.digest)
+    assert build.gguf_blobs == gguf
+    assert shapes[manifests_of(index, "odd:taken")].model == Digest.of_bytes(b"{}")
+    assert shapes[manifests_of(index, "odd:two")].model == Digest.of_bytes(b"first")
+    assert tree.blob_nodes[Digest.of_bytes(b"second")].gguf  # shown as model-2.gguf
+
+
+def manifests_of(index: StoreIndex, name: str) -> Digest:
+    return index.lookup(name).digest
+
+
+def test_a_blob_keeps_its_inode_across_rebuilds_made_before_it_is_shown(tmp_path: Path) -> None:
+    """A blob's node is made when first shown; its number stays from tree to tree all the same
+    (and goes once the store no longer has the blob)."""
+    tiny = TinyStore(tmp_path)
+    tiny.gguf_model("a:1", payload=b"a")
+    builder = TreeBuilder(InodeTable())
+    first = builder.build(scan_store(tiny.root))
+    ops = ModelOperations(first, 0, 0, tiny.root)
+    weights = Digest.of_bytes(b"a")
+
+    def inode_of(tree: NameTree) -> int:
+        blobs = tree.root.children[".blobs"]
+        assert isinstance(blobs, DirNode)
+        return blobs.children[weights.blob_name].inode
+
+    before = inode_of(first)
+    for payload in (b"b", b"c"):  # two rebuilds, the blob not looked at in the first
+        tiny.gguf_model(f"{payload.decode()}:1", payload=payload)
+        ops.swap(builder.build(scan_store(tiny.root)))
+    assert inode_of(ops.tree) == before
+    tiny.layout.legacy_manifest(parse_name("a:1")).unlink()
+    tiny.layout.blob(weights).unlink()
+    ops.swap(builder.build(scan_store(tiny.root)))
+    assert ("blob", weights) not in builder.inodes._by_key

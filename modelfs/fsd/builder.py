@@ -4,13 +4,16 @@ A tree is immutable once built; a change in the store builds a new one. Its node
 inode numbers are in fsd.nodes; the `llama.cpp/` directories it holds are made by
 fsd.compat_dirs.
 
-A build reads no blob and makes no model directory's content: the short-name model
-directories are placed at once and filled on first use; `.by-name/`, `.by-digest/` and
-`.blobs/` are filled on first use, and so are the model directories in them. What a listing
-shows of a directory not filled yet (inode, mtime, link count, the link counts of the blobs
-inside) is settled when the build ends, or, for a model directory's own link count, which
-depends on whether its GGUF gets a `llama.cpp/` view, worked out when first asked; filling one
-changes nothing that was shown, it only makes what is inside.
+A build reads no blob and makes no model directory's content, nor its plan or its blobs'
+nodes (it counts what each model directory will show from its manifest's layers, `_shape`):
+the short-name model directories are placed at once and filled on first use; `.by-name/`,
+`.by-digest/` and `.blobs/` are filled on first use, and so are the model directories in
+them; other tools' layouts (`.lmstudio/`, `.huggingface/hub/`) are laid out when first looked into
+(fsd.tool_dirs). What a listing shows of a directory not filled yet (inode, mtime, link count,
+the link counts of the blobs inside) is settled when the build ends, or worked out when first
+asked: a model directory's own link count, which depends on whether its GGUF gets a
+`llama.cpp/` view, and a blob's places in the tool layouts; filling one changes nothing that
+was shown, it only makes what is inside.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ from modelfs.fsd.nodes import (
     NodeSink,
     SymlinkNode,
 )
-from modelfs.fsd.plan import ModelPlan
+from modelfs.fsd.plan import GGUF_PATHS, ModelPlan, ModelShape
+from modelfs.fsd.tool_dirs import ToolDirs
 from modelfs.store.compat import CompatViews, ComputeCache, GGUFView
 from modelfs.store.compat.decisions import Decisions
 from modelfs.store.digest import Digest
@@ -49,14 +53,7 @@ from modelfs.store.manifest import Manifest, clean_text
 from modelfs.store.names import Name
 from modelfs.store.scan import DEFAULT_PREFER, Entry, StoreIndex, Variant
 from modelfs.store.tools.files import ModelFile, model_files
-from modelfs.store.tools.toolviews import (
-    Deferred,
-    ToolFile,
-    ToolModel,
-    layout_files,
-    safetensors_index,
-    tool_models,
-)
+from modelfs.store.tools.toolviews import Deferred, safetensors_index
 from modelfs.store.tools.views import (
     MergedSafetensors,
     Segment,
@@ -71,11 +68,6 @@ MAX_TEXT_BYTES = 1 << 20  # templates, licenses, params shown inside a Modelfile
 # made in a worker thread when its directory is first looked into, never in a build: a
 # 100 MB header (a million tensors, legal) takes seconds to read and merge.
 EAGER_HEADER_BYTES = 4 << 20
-# Where the mount shows other tools' layouts of the store (store.toolviews).
-TOOL_VIEWS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("lmstudio", (".lmstudio",)),
-    ("hf", (".huggingface", "hub")),
-)
 
 
 @dataclass
@@ -108,9 +100,13 @@ class NameTree:
             self._build.builder.decisions.save()
 
     def retain_inodes(self, live: Container[int]) -> None:
-        """Let the inode table forget numbers not in `live` (see InodeTable.retain)."""
-        if self._build is not None:
-            self._build.inodes.retain(live)
+        """Let the inode table forget numbers not in `live` (see InodeTable.retain), but a
+        blob's while the store has it: its node is made when first shown, and keeps its number
+        from tree to tree as when every blob's node was made by the build."""
+        build = self._build
+        if build is not None:
+            has = build.index.has_blob
+            build.inodes.retain(live, lambda k: type(k) is tuple and k[0] == "blob" and has(k[1]))
 
     def retire(self) -> None:
         """A newer tree is served: what this one still makes never displaces the newer one's
@@ -175,7 +171,7 @@ class TreeBuilder:
                 del keyed[key]
 
 
-class _Build(CompatDirs):
+class _Build(CompatDirs, ToolDirs):
     """One build: the state that depends on one StoreIndex, kept as long as a lazy directory
     of its tree may still be filled. Nothing here refers back to the tree's nodes (the mount
     is held weakly), so a tree that is no longer served is freed by reference counting."""
@@ -205,10 +201,19 @@ class _Build(CompatDirs):
         self.gguf_places: dict[Digest, int] = {}
         self.projector_places: dict[Digest, list[Digest]] = {}
         self.heavy: dict[tuple[Digest, ...], bool] = {}  # see _merge_is_heavy
+        # Counted by the build from manifests' layers (`_count_place`), for the blob nodes
+        # made after it: how many model directories show each blob, the media type it is
+        # first met as, and which are shown as a .gguf file.
+        self.shapes: dict[Digest, ModelShape] = {}
+        self.placed: dict[Digest, int] = {}  # model directories of each manifest
+        self.place_links: dict[Digest, int] = {}
+        self.media: dict[Digest, str] = {}
+        self.gguf_blobs: set[Digest] = set()
         self.nodes: dict[int, Node] | None = {}  # while building; then None
         self.pending: dict[int, Node] = {}  # made lazily before the tree is attached
         self.sink: weakref.ref[NodeSink] | None = None
         self.current = True
+        self.init_tool_dirs(builder.tensor_names)
 
     # -- registration --------------------------------------------------------------------
     def register(self, node: Node) -> None:
@@ -256,12 +261,8 @@ class _Build(CompatDirs):
         for places, holder in zip(hidden, (by_name, by_digest), strict=True):
             holder._fill = functools.partial(self._fill_hidden, places)
             holder._subdirs = len({rel[0] for rel in places})
-        models = tool_models(index, self.prefer, lambda m: self._plan(m).files)
-        for layout, top in TOOL_VIEWS:
-            try:
-                self._add_tool_view(root, layout, top, root_mtime, models)
-            except Exception:
-                log.exception("%s: not shown", "/".join(top))
+        self.add_tool_tops(root, root_mtime)
+        self._count_places()
         for key, merged in self.merged_nodes.items():
             merged.links = self.merged_links.get(key, 1)
         nodes, self.nodes = self.nodes, None
@@ -305,6 +306,9 @@ class _Build(CompatDirs):
         info = self.index.blob_info(digest)
         if info is None:
             return None
+        # Made after the build, when a directory showing it is filled: what it is shown as
+        # and in how many model directories was worked out by the build (`_count_place`).
+        media_type = self.media.get(digest, media_type)
         node = BlobNode(
             self.inodes.get(("blob", digest)),
             int(info.mtime * 1e9),
@@ -313,13 +317,18 @@ class _Build(CompatDirs):
             blobs_dir=self.index.layout.blobs,
             blob_size=info.size,
             media_type=media_type,
-            links=1,  # .blobs/ shows every present blob
+            gguf=digest in self.gguf_blobs,
+            links=1 + self.place_links.get(digest, 0),  # .blobs/ shows every present blob
         )
+        if self.data != "symlink":
+            node._count = self.count_ref  # the tool layouts' places, added when first asked
         if media_type:
             node.xattrs["user.modelfs.media_type"] = media_type.encode()
-        self.blob_nodes[digest] = node
-        self.register(node)
-        return node
+        # One node however many threads fill directories showing it at once.
+        made = self.blob_nodes.setdefault(digest, node)
+        if made is node:
+            self.register(node)
+        return made
 
     def _layer_blob(self, f: ModelFile, path: str) -> BlobNode | None:
         """The node of a layer's blob when present at the size the manifest says, typed."""
@@ -357,8 +366,55 @@ class _Build(CompatDirs):
             else:
                 config = self._blob(manifest.config.digest, manifest.config.media_type)
         plan = ModelPlan(files, shown, missing, config, len(subdirs), _tensor_key(files))
-        self.plans[manifest.digest] = plan
-        return plan
+        return self.plans.setdefault(manifest.digest, plan)
+
+    def _shape(self, manifest: Manifest) -> ModelShape:
+        """What a model directory of `manifest` shows, for counting, from its layers: what its
+        plan (`_plan`, made when the directory is filled) gives, without making one."""
+        shape = self.shapes.get(manifest.digest)
+        if shape is not None:
+            return shape
+        info = self.index.blob_info
+        media, gguf = self.media, self.gguf_blobs
+        layers = manifest.layers
+        kinds = [layer.kind for layer in layers]
+        paths: list[str] = []
+        if any(
+            k == "json" and ".gguf" in (x.name or "") for k, x in zip(kinds, layers, strict=True)
+        ):
+            # A json layer may take a GGUF's name, or be a .gguf file: as the plan names them.
+            paths = [f.path for f in model_files(manifest)]
+        else:
+            for kind in kinds:
+                path = GGUF_PATHS.get(kind, "")
+                if path and path in paths:
+                    path = f"-{path}"  # the next of a kind: model-2.gguf, still a .gguf file
+                paths.append(path)
+        shown: list[Digest] = []
+        model = projector = None
+        for layer, path in zip(layers, paths, strict=True):
+            digest = layer.digest
+            found = info(digest)
+            if found is None:
+                continue
+            media.setdefault(digest, layer.media_type)  # the first plan to meet it names it
+            if found.size != layer.size:
+                continue
+            shown.append(digest)
+            if path.endswith(".gguf"):
+                gguf.add(digest)
+                if path == "model.gguf":
+                    model = digest
+                elif path == "mmproj.gguf":
+                    projector = digest
+        config = None
+        if manifest.config is not None and info(manifest.config.digest) is not None:
+            config = manifest.config.digest
+            media.setdefault(config, manifest.config.media_type)
+        tensors = tuple(x.digest for k, x in zip(kinds, layers, strict=True) if k == "tensor")
+        shape = ModelShape(tuple(shown), config, tensors, model, projector)
+        self.shapes[manifest.digest] = shape
+        return shape
 
     def _file_node(self, blob: BlobNode) -> Node:
         if self.data == "symlink":
@@ -377,45 +433,7 @@ class _Build(CompatDirs):
         self.register(node)
         return node
 
-    # -- other tools' layouts (store.toolviews) ------------------------------------------
-    def _add_tool_view(
-        self,
-        root: DirNode,
-        layout: str,
-        top: tuple[str, ...],
-        mtime_ns: int,
-        models: list[ToolModel],
-    ) -> None:
-        """The files `modelfs link --layout` writes, as the same nodes the model directories
-        show (one inode per blob: passthrough, leases and xattrs are theirs)."""
-        base = self._mkdirs(root, top, mtime_ns)
-        mtimes = {m.name.key: m.mtime_ns for m in models}
-        indexes: list[tuple[DirNode, str, tuple[str, ...], ToolFile, int]] = []
-        for f in layout_files(layout, models, self._known_tensor_names):
-            parts = f.path.split("/")
-            when = mtimes[f.name.key]
-            holder = self._mkdirs(base, parts[:-1], when)
-            node: Node
-            if f.shards:
-                indexes.append((holder, parts[-1], (*top, *parts), f, when))
-                continue
-            if f.source is None:
-                node = self._bytes((*top, *parts), f.data, when)
-            else:
-                blob = self._layer_blob(f.source, f.path)
-                if blob is None:
-                    continue
-                node = self._file_node(blob)
-                if self.data != "symlink":
-                    blob.links += 1
-            holder._children[parts[-1]] = node
-        # An index whose shards' headers were not read yet is made when its directory is
-        # first looked into: read in a worker thread (`_index_of`), placed by the fill.
-        for holder, name, path, f, when in indexes:
-            holder._subdirs = sum(isinstance(c, DirNode) for c in holder._children.values())
-            holder._prepare = functools.partial(self._index_of, f.shards)
-            holder._fill = functools.partial(self._fill_index, name, path, f.shards, when)
-
+    # -- other tools' layouts (fsd.tool_dirs) -----------------------------------------
     def _known_tensor_names(self, f: ModelFile) -> tuple[list[str], int] | None:
         """The tensor names of a blob read at an earlier build; Deferred for any other, so
         that a build reads no header (one of 100 MB takes seconds and 500 MB)."""
@@ -487,7 +505,7 @@ class _Build(CompatDirs):
         links counted now. First come wins, as in `_place`."""
         if rel not in places:
             places[rel] = (entry, v)
-            self._count_place(self._plan(v.manifest), v)
+            self._count_place(v)
 
     def _fill_hidden(self, places: _Places, top: DirNode) -> None:
         for rel, (entry, v) in places.items():
@@ -514,7 +532,6 @@ class _Build(CompatDirs):
             # First come wins (newest first); every model stays reachable under .by-name/.
             return
         manifest = v.manifest
-        plan = self._plan(manifest)
         xattrs = {
             "user.modelfs.name": entry.name.full.encode(),
             # The manifest this directory serves (a list's child, as `.ollama/digest`), and
@@ -524,29 +541,39 @@ class _Build(CompatDirs):
         }
         d = self._dir((*holder.path, rel[-1]), entry.modified_ns, xattrs)
         d.is_model = True
-        tensors = plan.tensors
-        # Filled on first use; nothing here reads a blob. Several tensor blobs are merged
-        # first, in a worker thread when their headers are big (`_prepare_merged`); one needs
-        # no merge (a big one is checked at its first open instead).
+        tensors = (self.shapes.get(manifest.digest) or self._shape(manifest)).tensors
+        # Filled on first use; nothing here reads a blob or makes its plan. Several tensor
+        # blobs are merged first, in a worker thread when their headers are big
+        # (`_prepare_merged`); one needs no merge (a big one is checked at its first open).
         d._fill = functools.partial(self._fill_lazy, entry, v)
-        d._count_subdirs = functools.partial(self._subdirs_of, plan, v)
+        d._count_subdirs = functools.partial(self._subdirs_of, v)
         if len(tensors) > 1 and tensors not in self.merged:
-            d._prepare = functools.partial(self._prepare_merged, plan.files)
+            d._prepare = functools.partial(self._prepare_merged, manifest)
         holder._children[rel[-1]] = d
         if not counted:
-            self._count_place(plan, v)
+            self._count_place(v)
 
-    def _count_place(self, plan: ModelPlan, v: Variant) -> None:
-        """Count a model directory in the link counts of what it shows. All are counted by the
+    def _count_place(self, v: Variant) -> None:
+        """Count a model directory in the link counts of what it shows (`_count_places` adds
+        them up when the build ends; a blob's node starts from that). All are counted by the
         end of the build, filled or not, so no listing ever sees one move."""
-        if self.data != "symlink":
-            for _, blob in plan.shown:
-                blob.links += 1
-        if plan.config is not None:
-            plan.config.links += 1
-        if plan.tensors:
-            self.merged_links[plan.tensors] = self.merged_links.get(plan.tensors, 0) + 1
-        self.count_compat_place(plan, v)
+        digest = v.manifest.digest
+        shape = self.shapes.get(digest) or self._shape(v.manifest)
+        self.placed[digest] = self.placed.get(digest, 0) + 1
+        if shape.model is not None:
+            self.count_compat_place(shape.model, shape.projector, v)
+
+    def _count_places(self) -> None:
+        links = self.place_links
+        for digest, n in self.placed.items():
+            shape = self.shapes[digest]
+            if self.data != "symlink":
+                for blob in shape.shown:
+                    links[blob] = links.get(blob, 0) + n
+            if shape.config is not None:
+                links[shape.config] = links.get(shape.config, 0) + n
+            if shape.tensors:
+                self.merged_links[shape.tensors] = self.merged_links.get(shape.tensors, 0) + n
 
     def _fill_lazy(self, entry: Entry, v: Variant, d: DirNode) -> None:
         try:
@@ -683,10 +710,12 @@ class _Build(CompatDirs):
         if isinstance(result, str):
             raise OSError(errno.EIO, f"model.safetensors not served: {result}")
 
-    def _subdirs_of(self, plan: ModelPlan, v: Variant) -> int:
+    def _subdirs_of(self, v: Variant) -> int:
+        plan = self._plan(v.manifest)
         return plan.subdirs + (1 if self._shows_compat(plan, v) else 0)
 
-    def _prepare_merged(self, files: list[ModelFile]) -> None:
+    def _prepare_merged(self, manifest: Manifest) -> None:
+        files = self._plan(manifest).files
         key = _tensor_key(files)
         if not self._merge_is_heavy(key):
             return  # made when the directory is filled: a small header is read at once

@@ -182,17 +182,14 @@ class CompatDirs:
                 files.append((projector.layer.digest, "mmproj"))
         return files, problems
 
-    def count_compat_place(self, plan: ModelPlan, v: Variant) -> None:
-        """Count a model directory placed (see `gguf_places`); what earlier mounts decided
-        of its blobs is marked as still met, so that it is kept and its views made ahead."""
+    def count_compat_place(
+        self, model: Digest | None, projector: Digest | None, v: Variant
+    ) -> None:
+        """Count a model directory placed (see `gguf_places`) that shows `model` as model.gguf
+        and `projector` as mmproj.gguf; what earlier mounts decided of these blobs is marked as
+        still met, so that it is kept and its views made ahead."""
         if v.runner in COMPATIBLE_RUNNERS:
             return
-        model = projector = None
-        for f, _ in plan.shown:
-            if f.path == "model.gguf":
-                model = f.layer.digest
-            elif f.path == "mmproj.gguf":
-                projector = f.layer.digest
         if model is None:
             return
         decisions = self.builder.decisions

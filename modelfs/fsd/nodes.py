@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import itertools
 import stat
+import threading
 from collections.abc import Callable, Container, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,25 +28,33 @@ ROOT_INODE = 1
 
 class InodeTable:
     """Stable inode numbers for the life of a mount; never reused. Safe across threads (a
-    rebuild in a worker thread, a lazy directory filled in the request loop) without a lock:
-    `next` on a count and `dict.setdefault` are atomic, and a number lost to a race is just
-    never used."""
+    rebuild in a worker thread, a lazy directory filled in the request loop, a plan made in a
+    worker thread for a link count): `next` on a count and `dict.setdefault` are atomic, and
+    a number lost to a race is just never used; a new key waits for a `retain` under way,
+    which walks the table (a key added meanwhile would change its size mid-walk)."""
 
     def __init__(self) -> None:
         self._by_key: dict[Hashable, int] = {}
         self._numbers = itertools.count(ROOT_INODE + 1)
+        self._lock = threading.Lock()
 
     def get(self, key: Hashable) -> int:
         ino = self._by_key.get(key)
         if ino is None:
-            ino = self._by_key.setdefault(key, next(self._numbers))
+            with self._lock:
+                ino = self._by_key.setdefault(key, next(self._numbers))
         return ino
 
-    def retain(self, live: Container[int]) -> None:
-        """Forget the keys of inodes not in `live`. Called between builds only (from the
-        mount's loop, after a build finished): a key dropped here and met again later gets a
-        new number, which is right, as nothing that knew the old one is left."""
-        self._by_key = {k: ino for k, ino in self._by_key.items() if ino in live}
+    def retain(self, live: Container[int], keep: Callable[[Hashable], bool] | None = None) -> None:
+        """Forget the keys of inodes not in `live`, unless `keep(key)`. Called between builds
+        only (from the mount's loop, after a build finished): a key dropped here and met again
+        later gets a new number, which is right, as nothing that knew the old one is left."""
+        with self._lock:
+            self._by_key = {
+                k: ino
+                for k, ino in self._by_key.items()
+                if ino in live or (keep is not None and keep(k))
+            }
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -135,10 +144,29 @@ class BlobNode(Node):
     blob_size: int = 0
     media_type: str = ""
     gguf: bool = False
+    # Set while the places other tools' layouts show it in are still to be added to `links`
+    # (fsd.tool_dirs): what it calls to count them, held weakly (None once its build is gone).
+    _count: Callable[[], Callable[[BlobNode], None] | None] | None = field(default=None, repr=False)
 
     @property
     def size(self) -> int:
         return self.blob_size
+
+    @property
+    def links_pending(self) -> bool:
+        """True while its link count is still to be worked out (which may lay out repos)."""
+        return self._count is not None
+
+    def count_links(self) -> int:
+        """Its link count, worked out first if still pending."""
+        ref = self._count
+        if ref is not None:
+            count = ref()
+            if count is None:
+                self._count = None
+            else:
+                count(self)
+        return self.links
 
     @functools.cached_property
     def path(self) -> Path:

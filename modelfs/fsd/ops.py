@@ -160,12 +160,26 @@ async def _prepared(node: DirNode) -> None:
         await trio.to_thread.run_sync(node.prepare)
 
 
+def _link_count(node: Node) -> int:
+    if isinstance(node, DirNode):
+        return node.nlink
+    if isinstance(node, BlobNode):
+        return node.count_links()
+    return node.links
+
+
 async def _counted(nodes: Sequence[Node]) -> None:
-    """Work out the link counts of model directories not filled yet in a worker thread: one
-    may read its GGUF's header (whether it gets a `llama.cpp/` view)."""
-    pending = [n for n in nodes if isinstance(n, DirNode) and n.nlink_pending]
+    """Work out the link counts still pending in a worker thread: a model directory not filled
+    yet may read its GGUF's header (whether it gets a `llama.cpp/` view), a blob lays out the
+    repositories holding it in other tools' layouts (fsd.tool_dirs)."""
+    pending = [
+        n
+        for n in nodes
+        if (isinstance(n, DirNode) and n.nlink_pending)
+        or (isinstance(n, BlobNode) and n.links_pending)
+    ]
     if pending:
-        await trio.to_thread.run_sync(lambda: [n.nlink for n in pending])
+        await trio.to_thread.run_sync(lambda: [_link_count(n) for n in pending])
 
 
 def _blobs_read(node: Node) -> tuple[Digest, ...]:
@@ -300,7 +314,7 @@ class ModelOperations(pyfuse3.Operations):
         a.attr_timeout = ATTR_TIMEOUT
         a.st_mode = node.mode
         # A lazy directory knows its link count unfilled; listing its parent must not fill it.
-        a.st_nlink = node.nlink if isinstance(node, DirNode) else max(node.links, 1)
+        a.st_nlink = max(_link_count(node), 1)
         a.st_uid = self.uid
         a.st_gid = self.gid
         a.st_rdev = 0

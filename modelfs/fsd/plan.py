@@ -27,6 +27,27 @@ class ModelPlan:
     tensors: tuple[Digest, ...]  # the tensor blobs its `model.safetensors` is made of
 
 
+@dataclass(frozen=True, slots=True)
+class ModelShape:
+    """What a model directory of one manifest shows, as a build counts it (`_shape`)."""
+
+    shown: tuple[Digest, ...]  # the layers' blobs present at the size the manifest says
+    config: Digest | None  # present
+    tensors: tuple[Digest, ...]  # what its `model.safetensors` is made of
+    model: Digest | None  # the blob shown as model.gguf
+    projector: Digest | None  # ... as mmproj.gguf
+
+
+# The .gguf name the first layer of each kind gets in a manifest without json layers
+# (store.tools.files; the next ones are -2, -3, still .gguf, and nothing else takes these).
+GGUF_PATHS = {
+    "model": "model.gguf",
+    "projector": "mmproj.gguf",
+    "draft": "draft.gguf",
+    "adapter": "adapter.gguf",
+}
+
+
 class BuilderState(Protocol):
     """What outlives one build in fsd.builder.TreeBuilder and the compat views use."""
 

@@ -29,10 +29,12 @@ from modelfs.store.errors import StoreError
 from modelfs.store.formats.safetensors import read_safetensors_header_path
 from modelfs.store.manifest import Manifest
 from modelfs.store.names import DEFAULT_NAMESPACE, DEFAULT_TAG, Name
-from modelfs.store.scan import DEFAULT_PREFER, StoreIndex
+from modelfs.store.scan import DEFAULT_PREFER, Entry, StoreIndex
 from modelfs.store.tools.files import ModelFile, model_files
 
 LAYOUTS = ("lmstudio", "hf")
+# The layer kinds whose blobs a layout may show (`ToolVariant.of` in the layouts below).
+SHOWN_KINDS = frozenset({"model", "projector", "json", "tensor"})
 
 # Library models (registry.ollama.ai/library/x) have no publisher of their own.
 LIBRARY_PUBLISHER = "ollama"
@@ -88,13 +90,15 @@ def tool_models(
     index: StoreIndex,
     prefer: Iterable[str] = DEFAULT_PREFER,
     files_of: Callable[[Manifest], Sequence[ModelFile]] = model_files,
+    entries: Iterable[Entry] | None = None,
 ) -> list[ToolModel]:
-    """Every tag of the store, sorted by full name (the order that settles collisions).
-    `files_of` is `model_files`, or a cache of it (the mount's plans)."""
+    """Every tag of the store (or of `entries`, some of its tags), sorted by full name (the
+    order that settles collisions). `files_of` is `model_files`, or a cache of it (the mount's
+    plans)."""
     prefer = tuple(prefer)
     variants: dict[Digest, ToolVariant] = {}  # manifests recur (a list child and its anchor)
     out = []
-    for entry in index:
+    for entry in index if entries is None else entries:
         first = entry.preferred(prefer)
         shown = []
         for v in sorted(entry.variants, key=lambda v: v is not first):
@@ -145,7 +149,10 @@ def _unique(wanted: str, taken: set[str]) -> str:
         n += 1
 
 
-def _repo_key(name: Name) -> tuple[str, ...]:
+def repo_key(name: Name) -> tuple[str, ...]:
+    """The repository a tag belongs to in every layout. A layout's files of one repository
+    depend on that repository's tags alone (other repositories only change names), so the
+    layout of a few whole repositories shows each of their blobs as often as the store's."""
     return (name.host.casefold(), name.namespace.casefold(), name.model.casefold())
 
 
@@ -186,18 +193,18 @@ def lmstudio_layout(models: Sequence[ToolModel]) -> list[ToolFile]:
         for v in m.variants:
             if v.of("model"):
                 projectors = v.of("projector")
-                key = (_repo_key(m.name), projectors[0].layer.digest if projectors else None)
+                key = (repo_key(m.name), projectors[0].layer.digest if projectors else None)
                 groups.setdefault(key, []).append((m, v))
                 break
     publishers: dict[str, str] = {}  # casefolded publisher -> its first spelling
     folders: dict[str, set[str]] = {}  # publisher -> folder names taken
     repos_seen: set[tuple[str, ...]] = set()
     out: list[ToolFile] = []
-    for (repo_key, _projector), tags in groups.items():
+    for (folder_repo, _projector), tags in groups.items():
         pub, repo = publisher_and_repo(tags[0][0].name)
         pub = publishers.setdefault(pub.casefold(), pub)
-        wanted = repo if repo_key not in repos_seen else f"{repo}-{tags[0][0].name.tag}"
-        repos_seen.add(repo_key)
+        wanted = repo if folder_repo not in repos_seen else f"{repo}-{tags[0][0].name.tag}"
+        repos_seen.add(folder_repo)
         folder = _unique(wanted, folders.setdefault(pub.casefold(), set()))
         base = f"{pub}/{folder}"
         names: set[str] = set()
@@ -253,7 +260,7 @@ def hf_layout(models: Sequence[ToolModel], tensor_names: TensorNames) -> list[To
         hf_host = m.name.host.lower() in HF_HOSTS
         has_tensors = any(v.of("tensor") for v in m.variants)
         if hf_host or has_tensors:
-            repos.setdefault(_repo_key(m.name), []).append(m)
+            repos.setdefault(repo_key(m.name), []).append(m)
     taken: set[str] = set()
     out: list[ToolFile] = []
     for tags in repos.values():
