@@ -374,7 +374,7 @@ class _Build(CompatDirs, ToolDirs):
         shape = self.shapes.get(manifest.digest)
         if shape is not None:
             return shape
-        info = self.index.blob_info
+        size_of = self.index.blob_size  # no stat per blob on a warm start
         media, gguf = self.media, self.gguf_blobs
         layers = manifest.layers
         kinds = [layer.kind for layer in layers]
@@ -394,11 +394,11 @@ class _Build(CompatDirs, ToolDirs):
         model = projector = None
         for layer, path in zip(layers, paths, strict=True):
             digest = layer.digest
-            found = info(digest)
-            if found is None:
+            size = size_of(digest)
+            if size is None:
                 continue
             media.setdefault(digest, layer.media_type)  # the first plan to meet it names it
-            if found.size != layer.size:
+            if size != layer.size:
                 continue
             shown.append(digest)
             if path.endswith(".gguf"):
@@ -408,7 +408,7 @@ class _Build(CompatDirs, ToolDirs):
                 elif path == "mmproj.gguf":
                     projector = digest
         config = None
-        if manifest.config is not None and info(manifest.config.digest) is not None:
+        if manifest.config is not None and size_of(manifest.config.digest) is not None:
             config = manifest.config.digest
             media.setdefault(config, manifest.config.media_type)
         tensors = tuple(x.digest for k, x in zip(kinds, layers, strict=True) if k == "tensor")
