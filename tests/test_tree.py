@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 import weakref
 from collections import Counter
 from pathlib import Path
@@ -423,3 +425,15 @@ def test_a_warm_build_counts_from_the_scan_index_sizes(
     assert shown(warm.root) == shown(cold.root)
     status = warm.root.children["odd"].children["sizes"].children[".ollama"].children["status"]
     assert b"missing blob" in status.data
+
+
+def test_a_mount_starts_without_the_llama_cpp_rules() -> None:
+    """Importing the mount, its build and the tree's nodes leaves the llama.cpp rules, the
+    view builder and the computed tensors' cache unimported (a quarter of the mount's import
+    time): they load when a view is first made, after the mount is ready."""
+    code = (
+        "import sys, modelfs.fsd.mount, modelfs.fsd.builder\n"
+        "print(sorted(m for m in sys.modules if m.startswith('modelfs.store.compat.')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["['modelfs.store.compat.decisions']"]

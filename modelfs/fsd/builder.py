@@ -26,6 +26,7 @@ import threading
 import weakref
 from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from modelfs.fsd import heap
 from modelfs.fsd.compat_dirs import CompatDirs
@@ -43,7 +44,6 @@ from modelfs.fsd.nodes import (
 )
 from modelfs.fsd.plan import GGUF_PATHS, ModelPlan, ModelShape
 from modelfs.fsd.tool_dirs import ToolDirs
-from modelfs.store.compat import CompatViews, ComputeCache, GGUFView
 from modelfs.store.compat.decisions import Decisions
 from modelfs.store.digest import Digest
 from modelfs.store.disk.fileio import open_binary
@@ -60,6 +60,9 @@ from modelfs.store.tools.views import (
     merge_safetensors,
     render_modelfile,
 )
+
+if TYPE_CHECKING:  # imported when a view is first made (store.compat)
+    from modelfs.store.compat import CompatViews, ComputeCache, GGUFView
 
 log = logging.getLogger(__name__)
 
