@@ -25,6 +25,7 @@ from modelfs.fsd.nodes import DirNode, InodeTable, Node
 from modelfs.fsd.ops import ModelOperations
 from modelfs.store.digest import Digest
 from modelfs.store.index import indexfile
+from modelfs.store.layout import Layout
 from modelfs.store.scan import DEFAULT_PREFER, ScanCache, scan_store
 from tests.builders import TinyStore
 from tests.mounting import fuse, mounted
@@ -58,6 +59,13 @@ def _retag(tiny: TinyStore, i: int) -> None:
     tiny.gguf_model("m:1", payload=f"weights {i}".encode() * 100)
 
 
+def _collect(tiny: TinyStore, i: int) -> None:
+    """What a GC does after a re-tag: the weights no tag names any more go. (A blob the
+    store still has keeps its inode number across rebuilds, so a store that only grew would
+    grow the inode table with it.)"""
+    os.unlink(Layout(tiny.root).blob(Digest.of_bytes(f"weights {i}".encode() * 100)))
+
+
 def test_nodes_of_replaced_trees_go_once_the_kernel_forgets_them(tmp_path: Path) -> None:
     """Many re-tags: the mount's node table and inode table stay the size of one tree plus
     what the kernel still holds; an inode the kernel holds stays resolvable whatever was
@@ -81,6 +89,8 @@ def test_nodes_of_replaced_trees_go_once_the_kernel_forgets_them(tmp_path: Path)
         sizes = []
         for i in range(1, 41):
             _retag(tiny, i)
+            if i > 1:
+                _collect(tiny, i - 1)  # weights 0 stay: the kernel holds their file
             ops.swap(builder.build(scan_store(tiny.root)))
             # What a reader does after each change: look at the new file, then the kernel
             # forgets it (cache pressure, or the dentry timing out).

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 import weakref
 from collections import Counter
 from pathlib import Path
@@ -16,9 +18,10 @@ from modelfs.fsd.mount import changed_entries
 from modelfs.fsd.nodes import BlobNode, DirNode, InodeTable, Node
 from modelfs.fsd.ops import ModelOperations
 from modelfs.store.digest import Digest
+from modelfs.store.index import indexfile
 from modelfs.store.layout import Layout
 from modelfs.store.names import parse_name
-from modelfs.store.scan import StoreIndex, scan_store
+from modelfs.store.scan import ScanCache, StoreIndex, scan_store
 from modelfs.store.watch import store_signature
 from tests.builders import TinyStore
 
@@ -386,3 +389,51 @@ def test_a_blob_keeps_its_inode_across_rebuilds_made_before_it_is_shown(tmp_path
     tiny.layout.blob(weights).unlink()
     ops.swap(builder.build(scan_store(tiny.root)))
     assert ("blob", weights) not in builder.inodes._by_key
+
+
+def test_a_warm_build_counts_from_the_scan_index_sizes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With blobs/ as the scan index listed it, the build counts what each model directory
+    shows from the blob sizes kept there, stat'ing no blob (13,000 stats on a big store), and
+    every listing shows what a build from a cold scan shows: a layer at the wrong size and a
+    missing one included."""
+    monkeypatch.setattr(indexfile, "RACY_NS", 0)  # this test's writes are kept at once
+    root = tmp_path / "models"
+    shared_tool_store(root)
+    tiny = TinyStore(root)
+    wrong = {**tiny.layer("model", b"short weights"), "size": 99}
+    gone = {**tiny.layer("license", b"x"), "digest": str(Digest.of_bytes(b"never written"))}
+    tiny.legacy("odd:sizes", tiny.manifest([wrong, gone, tiny.layer("license", b"MIT")]))
+    layout = Layout(root)
+    cold = TreeBuilder(InodeTable()).build(scan_store(layout))
+    scan_store(layout, ScanCache.open(layout))  # saves the index, blobs/'s sizes in it
+    warm_index = scan_store(layout, ScanCache.open(layout))
+    assert warm_index._sizes
+    looked: list[str] = []
+    look_at_blob = StoreIndex._look_at_blob
+
+    def counted(self: StoreIndex, hex_: str) -> object:
+        looked.append(hex_)
+        return look_at_blob(self, hex_)
+
+    monkeypatch.setattr(StoreIndex, "_look_at_blob", counted)
+    warm = TreeBuilder(InodeTable()).build(warm_index)
+    assert looked == []
+    walk(cold.root)
+    walk(warm.root)
+    assert shown(warm.root) == shown(cold.root)
+    status = warm.root.children["odd"].children["sizes"].children[".ollama"].children["status"]
+    assert b"missing blob" in status.data
+
+
+def test_a_mount_starts_without_the_llama_cpp_rules() -> None:
+    """Importing the mount, its build and the tree's nodes leaves the llama.cpp rules, the
+    view builder and the computed tensors' cache unimported (a quarter of the mount's import
+    time): they load when a view is first made, after the mount is ready."""
+    code = (
+        "import sys, modelfs.fsd.mount, modelfs.fsd.builder\n"
+        "print(sorted(m for m in sys.modules if m.startswith('modelfs.store.compat.')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["['modelfs.store.compat.decisions']"]

@@ -26,6 +26,7 @@ import threading
 import weakref
 from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from modelfs.fsd import heap
 from modelfs.fsd.compat_dirs import CompatDirs
@@ -43,7 +44,6 @@ from modelfs.fsd.nodes import (
 )
 from modelfs.fsd.plan import GGUF_PATHS, ModelPlan, ModelShape
 from modelfs.fsd.tool_dirs import ToolDirs
-from modelfs.store.compat import CompatViews, ComputeCache, GGUFView
 from modelfs.store.compat.decisions import Decisions
 from modelfs.store.digest import Digest
 from modelfs.store.disk.fileio import open_binary
@@ -60,6 +60,9 @@ from modelfs.store.tools.views import (
     merge_safetensors,
     render_modelfile,
 )
+
+if TYPE_CHECKING:  # imported when a view is first made (store.compat)
+    from modelfs.store.compat import CompatViews, ComputeCache, GGUFView
 
 log = logging.getLogger(__name__)
 
@@ -374,7 +377,7 @@ class _Build(CompatDirs, ToolDirs):
         shape = self.shapes.get(manifest.digest)
         if shape is not None:
             return shape
-        info = self.index.blob_info
+        size_of = self.index.blob_size  # no stat per blob on a warm start
         media, gguf = self.media, self.gguf_blobs
         layers = manifest.layers
         kinds = [layer.kind for layer in layers]
@@ -394,11 +397,11 @@ class _Build(CompatDirs, ToolDirs):
         model = projector = None
         for layer, path in zip(layers, paths, strict=True):
             digest = layer.digest
-            found = info(digest)
-            if found is None:
+            size = size_of(digest)
+            if size is None:
                 continue
             media.setdefault(digest, layer.media_type)  # the first plan to meet it names it
-            if found.size != layer.size:
+            if size != layer.size:
                 continue
             shown.append(digest)
             if path.endswith(".gguf"):
@@ -408,7 +411,7 @@ class _Build(CompatDirs, ToolDirs):
                 elif path == "mmproj.gguf":
                     projector = digest
         config = None
-        if manifest.config is not None and info(manifest.config.digest) is not None:
+        if manifest.config is not None and size_of(manifest.config.digest) is not None:
             config = manifest.config.digest
             media.setdefault(config, manifest.config.media_type)
         tensors = tuple(x.digest for k, x in zip(kinds, layers, strict=True) if k == "tensor")

@@ -16,8 +16,6 @@ from modelfs.fsd.plan import BuilderState, ModelPlan
 from modelfs.store.compat import (
     COMPATIBLE_RUNNERS,
     CompatViews,
-    ComputeCache,
-    GGUFView,
     compat_views,
     may_need_mmproj_view,
     may_need_view,
@@ -26,6 +24,9 @@ from modelfs.store.compat import (
 from modelfs.store.digest import Digest
 from modelfs.store.errors import StoreError
 from modelfs.store.scan import StoreIndex, Variant
+
+if TYPE_CHECKING:  # imported when a view is first made (store.compat)
+    from modelfs.store.compat import GGUFView
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ class CompatDirs:
             problems.append(f"llama.cpp/ not shown: {views}")
         if projector is not None and not any(view.kind == "mmproj" for _, view in files):
             view = self.mmproj_view(projector.layer.digest)
-            if isinstance(view, GGUFView):
+            if view is not None and not isinstance(view, str):  # a GGUFView
                 files.append((projector.layer.digest, view))
             elif view:
                 problems.append(f"llama.cpp/mmproj.gguf not shown: {view}")
@@ -240,6 +241,8 @@ class CompatDirs:
             log.exception("%s: llama.cpp/ not filled", "/".join(holder.path))
             return
         if self.builder.compute_cache is None:
+            from modelfs.store.compat.compute import ComputeCache
+
             self.builder.compute_cache = ComputeCache(self.index.layout.compat)
         for digest, view in files:
             key = (digest, view.kind)

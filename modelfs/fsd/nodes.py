@@ -17,11 +17,13 @@ import threading
 from collections.abc import Callable, Container, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from modelfs.store.compat import ComputeCache, GGUFView
 from modelfs.store.digest import Digest
 from modelfs.store.tools.views import MergedSafetensors, read_merged
+
+if TYPE_CHECKING:  # imported when a view is first made (store.compat)
+    from modelfs.store.compat import ComputeCache, GGUFView
 
 ROOT_INODE = 1
 

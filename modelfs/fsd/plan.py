@@ -6,13 +6,15 @@ so neither imports the other to name them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from modelfs.fsd.nodes import BlobNode
-from modelfs.store.compat import ComputeCache
 from modelfs.store.compat.decisions import Decisions
 from modelfs.store.digest import Digest
 from modelfs.store.tools.files import ModelFile
+
+if TYPE_CHECKING:  # imported when a view is first made (store.compat)
+    from modelfs.store.compat import ComputeCache
 
 
 @dataclass

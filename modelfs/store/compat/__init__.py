@@ -13,17 +13,14 @@ read, see compute.py).
 
 from __future__ import annotations
 
+import importlib
 import os
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
-from modelfs.store.compat.compute import ComputeCache
-from modelfs.store.compat.draft import Draft
-from modelfs.store.compat.handlers import NOT_PORTED, TEXT_ARCHES, translate_clip, translate_text
-from modelfs.store.compat.view import GGUFView, build_view
 from modelfs.store.disk.fileio import open_binary
 from modelfs.store.formats.gguf import (
     FIXED_SIZES,
@@ -33,6 +30,28 @@ from modelfs.store.formats.gguf import (
     GGUFHeader,
     read_gguf_header,
 )
+
+if TYPE_CHECKING:
+    from modelfs.store.compat.compute import ComputeCache
+    from modelfs.store.compat.handlers import NOT_PORTED
+    from modelfs.store.compat.view import GGUFView
+
+# The rules, the view builder and the computed tensors' cache are imported when first used: a
+# mount's start needs none of them (its views are made after it is ready), and they take a
+# quarter of its imports' time.
+_LAZY = {
+    "ComputeCache": "modelfs.store.compat.compute",
+    "NOT_PORTED": "modelfs.store.compat.handlers",
+    "GGUFView": "modelfs.store.compat.view",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
 
 __all__ = [
     "COMPATIBLE_RUNNERS",
@@ -148,6 +167,8 @@ def may_need_view(path: Path) -> bool:
                 return count is None or count >= _LLAMA3_MIN_VOCAB
     except OSError:
         return False
+    from modelfs.store.compat.handlers import TEXT_ARCHES
+
     return arch is None or arch in TEXT_ARCHES  # NOT_GGUF is in no rule
 
 
@@ -156,6 +177,10 @@ def compat_views(
 ) -> CompatViews | None:
     """The views of the GGUF at `path` (a blob named by `source_hex`), or None when no rule
     applies. GGUFError/OSError when the file cannot be read."""
+    from modelfs.store.compat.draft import Draft
+    from modelfs.store.compat.handlers import TEXT_ARCHES, translate_text
+    from modelfs.store.compat.view import build_view
+
     with open_binary(path) as f:
         size = os.fstat(f.fileno()).st_size
         if header is None:
@@ -173,6 +198,10 @@ def compat_views(
 def _clip_view(header: GGUFHeader, f: BinaryIO, path: Path, source_hex: str) -> GGUFView | None:
     """The mmproj view of the GGUF open as `f`, as llama.cpp's clip loader translates it
     (translate_clip_metadata), or None when no clip rule applies."""
+    from modelfs.store.compat.draft import Draft
+    from modelfs.store.compat.handlers import translate_clip
+    from modelfs.store.compat.view import build_view
+
     clip = Draft.of(header, f)
     rule = translate_clip(clip)
     if rule is None:
@@ -196,6 +225,8 @@ def may_need_mmproj_view(path: Path) -> bool:
             arch = peek_architecture(f)
     except OSError:
         return False
+    from modelfs.store.compat.handlers import TEXT_ARCHES
+
     return arch is None or arch == "clip" or arch in TEXT_ARCHES
 
 

@@ -241,6 +241,18 @@ class StoreIndex:
         known = self._blob_info
         return known[hex_] if hex_ in known else self._look_at_blob(hex_)
 
+    def blob_size(self, digest: Digest) -> int | None:
+        """Size of a present blob, or None (absent, or not a regular file): the scan index's
+        while blobs/ is as it listed it (what `missing_blobs` goes by), else `blob_info`'s.
+        For counting what the manifests show without a stat per blob; a blob's own size and
+        mtime, as shown, are `blob_info`'s."""
+        hex_ = digest.hex
+        trusted = self._sizes
+        if trusted is not None and hex_ in trusted:
+            return trusted[hex_]
+        info = self.blob_info(digest)
+        return None if info is None else info.size
+
     def _blob(self, name: str) -> tuple[str, int | None]:
         """A blob as the system calls take it: its name in blobs/ while a scan holds that
         directory open (a scan looks at thousands, and each full path is a walk of the
