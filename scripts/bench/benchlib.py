@@ -71,6 +71,25 @@ def parse_size(text: str) -> int:
     return int(text)
 
 
+def age_past_racy_margin(root: Path) -> None:
+    """Sleep until the newest ctime in the store is older than the scan and reach indexes'
+    racy margin: a store written moments ago is all "racy", so the first warm runs would read it
+    all again and rewrite the index, and look slower than no index at all."""
+    from modelfs.store.index.indexfile import RACY_NS
+
+    newest = 0
+    for dirpath, dirs, files in os.walk(root):
+        if os.path.basename(dirpath) == ".modelfs":
+            dirs.clear()
+            continue
+        for name in (".", *dirs, *files):
+            newest = max(newest, os.lstat(os.path.join(dirpath, name)).st_ctime_ns)
+    wait = (newest + RACY_NS - time.time_ns()) / 1e9 + 0.1
+    if wait > 0:
+        print(f"  waiting {wait:.1f} s: the store is younger than the index's racy margin")
+        time.sleep(wait)
+
+
 # -- the page cache ----------------------------------------------------------------------------
 def drop_caches() -> bool:
     """`sync; echo 3 > /proc/sys/vm/drop_caches`; False when not allowed (not root, container)."""

@@ -167,14 +167,16 @@ def survey(index: StoreIndex, reach: Reach) -> Survey:
             continue
         sizes = variant.manifest.blob_sizes()
         for digest in sizes:
-            info = index.blob_info(digest)
-            if (info is None or info.size != sizes[digest]) and (digest, entry.rel) not in seen:
+            # Sizes as the scan index keeps them while blobs/ is as it listed it (no stat a
+            # blob): verify reads every blob's own size and bytes itself.
+            size = index.blob_size(digest)
+            if size != sizes[digest] and (digest, entry.rel) not in seen:
                 seen.add((digest, entry.rel))
                 out.missing.append(
                     Missing(
                         digest,
                         sizes[digest],
-                        None if info is None else info.size,
+                        size,
                         owner,
                         found_as=foreign.get(digest),
                     )
