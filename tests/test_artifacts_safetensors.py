@@ -29,6 +29,7 @@ import json
 import tarfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -305,6 +306,20 @@ BAD = {
 }
 
 
+def pull_refused(
+    to: Registry, tmp_path: Path, name: str, layers: list[tuple[dict[str, Any], bytes]]
+) -> str:
+    """Push a ModelPack artifact of `layers` to `to`, pull it into an empty store: the pull
+    fails without a traceback and leaves nothing in the store. Returns its stderr."""
+    push_layout(to, tmp_path, name, modelpack_config(layers), layers, MP_ARTIFACT)
+    store = tmp_path / "store"
+    r = pull(store, to.url, name)
+    assert r.returncode == 1, r.stdout
+    assert "Traceback" not in r.stderr, r.stderr
+    assert_nothing_written(store)
+    return r.stderr
+
+
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_a_tar_that_is_no_model_directory_is_refused_whole(
     registry: Registry,  # noqa: F811 - the fixture
@@ -320,16 +335,9 @@ def test_a_tar_that_is_no_model_directory_is_refused_whole(
     no traceback, and nothing left in the store (the blobs fetched for it go again)."""
     data = b"\x1f\x8b" + bytes(1022) if case == "not-a-tar" else bad_tar(case)
     layers = [(desc(MP + "weight.v1.tar", data), data)]
-    name = f"ghcr.io/bad/{case}:v1"
-    push_layout(registry, tmp_path, name, modelpack_config(layers), layers, MP_ARTIFACT)
-    store = tmp_path / "store"
-    r = pull(store, registry.url, name)
-    assert r.returncode == 1, r.stdout
-    line = error_line(r.stderr)
-    assert BAD[case] in line, r.stderr
-    assert "Traceback" not in r.stderr
-    assert len([x for x in r.stderr.splitlines() if "error" in x]) == 1, r.stderr
-    assert_nothing_written(store)
+    stderr = pull_refused(registry, tmp_path, f"ghcr.io/bad/{case}:v1", layers)
+    assert BAD[case] in error_line(stderr), stderr
+    assert len([x for x in stderr.splitlines() if "error" in x]) == 1, stderr
 
 
 @pytest.mark.parametrize("media", ["weight.v1.tar+gzip", "weight.config.v1.tar+zstd"])
@@ -431,11 +439,5 @@ def test_weights_ollama_cannot_run_are_one_line_and_nothing_left(
         "not-gguf": [("model.gguf", b"\x80\x02}q\x00.")],
     }[case]
     layers = [(desc(raw, data, **{FP: path}), data) for path, data in files]
-    name = f"ghcr.io/bad/{case}:v1"
-    push_layout(registry, tmp_path, name, modelpack_config(layers), layers, MP_ARTIFACT)
-    store = tmp_path / "store"
-    r = pull(store, registry.url, name)
-    assert r.returncode == 1, r.stdout
-    assert REFUSED[case] in error_line(r.stderr), r.stderr
-    assert "Traceback" not in r.stderr
-    assert_nothing_written(store)
+    stderr = pull_refused(registry, tmp_path, f"ghcr.io/bad/{case}:v1", layers)
+    assert REFUSED[case] in error_line(stderr), stderr

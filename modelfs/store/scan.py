@@ -1,8 +1,6 @@
 """How a store is read into a StoreIndex (store.index.found): every tag, what it points to,
-and what is wrong; with a ScanCache, only what changed since the last scan is read again.
-
-Problems (stray files, broken manifests, missing or misnamed blobs) are data, never
-exceptions: one bad file must not hide the rest of the store, and must not be deleted.
+and what is wrong (as Problems, data, never exceptions: see store.index.found); with a
+ScanCache, only what changed since the last scan is read again.
 """
 
 from __future__ import annotations
