@@ -610,3 +610,37 @@ def test_tag_history_keeps_old_versions_from_every_gc_for_its_retention(
     for _ in range(2):
         gc(store, "--grace", "0", "--grace-below-floor")
     assert not present(store, old_blob)
+
+
+def test_a_purge_looks_again_and_never_trusts_the_reach_index(
+    store: TinyStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A purge cannot be undone. The plan may read reach from `.modelfs/reach-index`; a
+    trashed blob a manifest names (written by another host, or an index that is wrong) must
+    not be unlinked because the index did not say so: the purge gets the fresh look a move to
+    trash gets (GC invariant 3). The index is made wrong by hand here, its stamps kept."""
+    from modelfs.store.index import indexfile, reachcache
+
+    monkeypatch.setattr(indexfile, "RACY_NS", 0)  # a file just written may be kept
+    store.gguf_model("keep:1")
+    junk = orphan(store, b"x" * 1000)
+    policy = GcPolicy(grace=0, below_floor=True, trash_retention=0)
+    trio.run(gc_runner.run_gc, store.layout, GcPolicy(grace=0, below_floor=True))
+    trio.run(gc_runner.run_gc, store.layout, GcPolicy(grace=0, below_floor=True))
+    (trashed,) = store.layout.trash.glob(f"*/{junk.blob_name}")
+    # Another host tags it again; its blob is only in our trash.
+    store.gguf_model("late:1", payload=b"x" * 1000)
+    store.layout.blob(junk).unlink()
+    plan_gc(store.layout, policy)  # leaves the reach index with late:1 in it
+    path = store.layout.state / reachcache.FILE_NAME
+    root, files, listing = indexfile.read_index(
+        path, reachcache.MAGIC, reachcache.FORMAT_VERSION, store.root
+    )[0]
+    forged = [(p, k, tuple(n for n in names if n != junk.blob_name)) for p, k, names in files]
+    assert forged != [tuple(f) for f in files]
+    indexfile.write_index(
+        path, reachcache.MAGIC, reachcache.FORMAT_VERSION, (root, forged, listing), store.root
+    )
+    report = trio.run(gc_runner.run_gc, store.layout, policy)
+    assert trashed.exists(), report.purged  # the old purge unlinked it
+    assert [i.path.name for i in report.changed] == [junk.blob_name]

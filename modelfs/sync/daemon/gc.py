@@ -172,8 +172,10 @@ class _Run:
             await self.remove_emptied(report.restored)
             return
         # Then what needs no state and frees space (on a full disk, the state below may not
-        # be writable): the trash past its retention, old temp files.
-        await self.steps(plan.purge, delete_file, report.purged)
+        # be writable): the trash past its retention, old temp files. A purge cannot be
+        # undone, and the plan may have read reach from the reach index: it gets the same
+        # fresh look as a move to trash (a blob named now is skipped, put back next run).
+        await self.steps(plan.purge, delete_file, report.purged, look_first=True)
         await self.steps(plan.temps, delete_file, report.temps)
         await self.remove_emptied([*report.purged, *report.restored])
         try:
