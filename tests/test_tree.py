@@ -437,3 +437,30 @@ def test_a_mount_starts_without_the_llama_cpp_rules() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["['modelfs.store.compat.decisions']"]
+
+
+def test_other_tools_layouts_that_fail_to_lay_out_cost_only_themselves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`.lmstudio/` and `.huggingface/hub/` are laid out when first asked for, and every
+    blob's link count asks for them. A model that makes that fail (a bug, an oddity) must not
+    fail every listing of the mount: the two show empty, link counts agree with the places a
+    walk finds, and one line says why."""
+    root = tmp_path / "models"
+    build_demo_store(root)
+
+    def broken(*args: object, **kwargs: object) -> list[object]:
+        raise RuntimeError("an oddity")
+
+    monkeypatch.setattr(tool_dirs, "layout_files", broken)
+    tree = TreeBuilder(InodeTable()).build(scan_store(root))
+    nodes = walk(tree.root)  # the old code raised here, from the first blob's link count
+    assert not nodes["/.lmstudio"].children and not nodes["/.huggingface/hub"].children
+    places = Counter(n.inode for n in nodes.values() if isinstance(n, BlobNode))
+    wrong = {
+        p: n.count_links()
+        for p, n in nodes.items()
+        if isinstance(n, BlobNode) and n.count_links() != places[n.inode]
+    }
+    assert not wrong
+    assert len([r for r in caplog.records if "not shown" in r.getMessage()]) == 1

@@ -13,6 +13,7 @@ count is final before any listing shows it.
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 import weakref
 from collections import Counter
@@ -32,6 +33,8 @@ from modelfs.store.tools.toolviews import (
     repo_key,
     tool_models,
 )
+
+log = logging.getLogger(__name__)
 
 # Where the mount shows other tools' layouts of the store (store.toolviews).
 TOOL_VIEWS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -115,9 +118,18 @@ class ToolDirs:
         with self.tool_lock:
             files = self.tool_files.get(layout)
             if files is None:
-                models = tool_models(self.index, self.prefer, self._files_of)
-                for name, _ in TOOL_VIEWS:
-                    self.tool_files[name] = layout_files(name, models, self._names)
+                try:
+                    models = tool_models(self.index, self.prefer, self._files_of)
+                    for name, _ in TOOL_VIEWS:
+                        self.tool_files[name] = layout_files(name, models, self._names)
+                except Exception:
+                    # Asked for by listings anywhere (a blob's link count counts its places
+                    # here): one model's oddity must not fail them; the views are shown empty
+                    # and counted as such, so counts and listings still agree.
+                    log.exception(
+                        "%s: not shown", ", ".join("/".join(top) for _, top in TOOL_VIEWS)
+                    )
+                    self.tool_files = {name: [] for name, _ in TOOL_VIEWS}
                 counts: Counter[Digest] = Counter()
                 for name, _ in TOOL_VIEWS:
                     counts.update(self._shown(self.tool_files[name]))
