@@ -374,8 +374,14 @@ def test_quick_uses_the_cache_and_a_changed_mtime_forces_sha256(tmp_path: Path) 
 
 @pytest.mark.parametrize(
     "damage",
-    [b"", b"{not json", b'{"version":1,"blobs":{"sha256-' + b"a" * 64 + b'":{"ino":"x"}}}', b"[]"],
-    ids=["empty", "not-json", "bad-entry", "wrong-shape"],
+    [
+        b"",
+        b"{not json",
+        b'{"version":1,"blobs":{"sha256-' + b"a" * 64 + b'":{"ino":"x"}}}',
+        b"[]",
+        b"[" * 200_000,
+    ],
+    ids=["empty", "not-json", "bad-entry", "wrong-shape", "nested-too-deep"],
 )
 def test_damaged_cache_is_ignored_with_one_line(tmp_path: Path, damage: bytes) -> None:
     m = Model(tmp_path / "models")

@@ -450,7 +450,8 @@ class VerifyCache:
             if not isinstance(doc, dict) or doc.get("version") != CACHE_VERSION:
                 raise ValueError(f"not a version {CACHE_VERSION} cache")
             cache._read(doc["names"], doc["stamps"], doc["verified_at"], doc["samples"])
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
+            # RecursionError: json nests without bound (`[[[[...` of a few hundred KB).
             log.warning("verify cache %s is damaged (%s); ignoring it", path, exc)
             return cls(layout)
         return cache
