@@ -124,7 +124,8 @@ class Workers:
     def __init__(self, layout: Layout, units: Sequence[Unit], workers: int) -> None:
         self.layout = layout
         self.units = units
-        self.workers = workers if workers > 1 and len(units) > 1 else 0
+        # No more processes than units: a worker with nothing to take only costs a fork.
+        self.workers = min(workers, len(units)) if workers > 1 and len(units) > 1 else 0
         self.procs: list[multiprocessing.process.BaseProcess] = []
         self.conns: list[Connection] = []
         self.shared: _Shared | None = None
