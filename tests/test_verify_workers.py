@@ -190,8 +190,14 @@ def test_workers_stop_when_told_to_mid_run(tmp_path: Path) -> None:
 
 
 def test_a_worker_killed_mid_run_is_an_error_and_the_others_stop(tmp_path: Path) -> None:
-    tiny, payloads = many_small(tmp_path / "models", 400)
-    units: list[Any] = [([Digest.of_bytes(p).blob_name], None) for p in payloads]
+    tiny = TinyStore(tmp_path / "models")
+    # Sparse blobs (no disk used) that take seconds each to hash, so the run cannot end before
+    # the kill lands (400 small blobs were all checked first, now and then).
+    names = [f"sha256-{i:064x}" for i in range(4)]
+    for name in names:
+        with open(tiny.layout.blobs / name, "wb") as f:
+            f.truncate(4 << 30)
+    units: list[Any] = [([name], None) for name in names]
     with Workers(tiny.layout, units, 2) as pool:
         pids = [p.pid for p in pool.procs if p.pid is not None]
         os.kill(pids[0], signal.SIGKILL)
