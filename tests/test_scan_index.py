@@ -16,6 +16,9 @@ from typing import Any
 import pytest
 
 from modelfs.cli.ls import tags_json
+from modelfs.fsd import counts
+from modelfs.fsd.builder import NameTree, TreeBuilder
+from modelfs.fsd.nodes import BlobNode, DirNode, InodeTable, Node
 from modelfs.store.collect.reach import Reach, reachable
 from modelfs.store.digest import Digest
 from modelfs.store.index import indexfile, scancache
@@ -67,10 +70,38 @@ def reach_answer(reach: Reach) -> tuple[Any, ...]:
     )
 
 
+def link_counts(tree: NameTree) -> dict[str, tuple[Any, ...]]:
+    """Every path of the whole tree: its kind and link count (a blob's media type and .gguf
+    mark too), as listings show them."""
+    out: dict[str, tuple[Any, ...]] = {}
+
+    def visit(node: Node, path: str) -> None:
+        if isinstance(node, DirNode):
+            out[path] = ("dir", node.nlink)
+            for name, child in node.children.items():
+                visit(child, f"{path}/{name}")
+        elif isinstance(node, BlobNode):
+            out[path] = ("blob", node.count_links(), node.media_type, node.gguf)
+        else:
+            out[path] = (type(node).__name__, node.links)
+
+    visit(tree.root, "")
+    return out
+
+
+def mounted(index: StoreIndex) -> tuple[dict[str, tuple[Any, ...]], bool]:
+    """What a mount's build of `index` shows, and whether it took its counts from the last
+    build of the same store (fsd.counts)."""
+    tree = TreeBuilder(InodeTable()).build(index)
+    assert tree._build is not None
+    return link_counts(tree), tree._build.known is not None
+
+
 class Editor:
     def __init__(self, tiny: TinyStore, rng: random.Random) -> None:
         self.tiny, self.rng = tiny, rng
         self.n = 0
+        self.removed: list[tuple[Path, bytes]] = []
 
     def plain(self) -> bytes:
         self.n += 1
@@ -90,7 +121,7 @@ class Editor:
         legacy, v2 = self.tags(tiny.layout.manifests), self.tags(tiny.layout.manifests_v2)
         what = rng.choice(
             ["add", "add", "v2", "list", "rewrite", "rewrite", "remove", "rm-blob", "corrupt"] * 2
-            + ["swap-template"]
+            + ["swap-template", "restore-blob", "restore-blob"]
         )
         if what == "add" or (what in ("rewrite", "remove") and not legacy):
             tiny.legacy(f"m{rng.randrange(30)}:t{rng.randrange(3)}", self.plain())
@@ -123,9 +154,19 @@ class Editor:
         elif what == "rm-blob":
             blobs = sorted(tiny.layout.blobs.iterdir())
             if blobs:
-                rng.choice(blobs).unlink()
+                gone = rng.choice(blobs)
+                self.removed.append((gone, gone.read_bytes()))
+                gone.unlink()
+        elif what == "restore-blob" and self.removed:
+            # The same bytes back under their name: the tags naming them show them again.
+            path, body = self.removed.pop(rng.randrange(len(self.removed)))
+            tmp = path.with_name("restore.tmp")
+            tmp.write_bytes(body)
+            tmp.rename(path)
         elif what == "corrupt":
-            index = tiny.layout.state / rng.choice([scancache.FILE_NAME, "reach-index"])
+            index = tiny.layout.state / rng.choice(
+                [scancache.FILE_NAME, "reach-index", counts.FILE_NAME]
+            )
             if index.exists():
                 data = bytearray(index.read_bytes())
                 data[rng.randrange(len(data))] ^= 0xFF
@@ -141,6 +182,7 @@ def test_the_index_answers_as_a_fresh_scan_over_random_edits(
     editor = Editor(tiny, random.Random(20261206))
     long_lived = ScanCache.open(tiny.layout)  # a mount's: in memory across scans, and saved
     done: list[str] = []
+    taken = 0
     for _ in range(60):
         for _ in range(editor.rng.randrange(1, 4)):
             done.append(editor.edit())
@@ -155,6 +197,14 @@ def test_the_index_answers_as_a_fresh_scan_over_random_edits(
         assert tags_json(command) == listed, done[-4:]
         assert command.cache is not None
         command.cache.save()
+        # A mount's link counts, worked out or taken from the last build's: as a build of a
+        # scan with no index at all works them out.
+        shown, _ = mounted(fresh_index)
+        for _ in range(2):  # the first saves them when the store is settled, the second takes
+            again = scan_store(tiny.root, ScanCache.open(tiny.layout))
+            got, known = mounted(again)
+            assert got == shown, done[-4:]
+        taken += known
         # And GC's plan: its reach index against a reach that reads everything.
         reach_cache = ReachCache.open(tiny.layout)
         cached = reachable(tiny.layout, cache=reach_cache)
@@ -162,6 +212,8 @@ def test_the_index_answers_as_a_fresh_scan_over_random_edits(
         assert sorted(reach_cache.listdir(tiny.layout.blobs)) == sorted(os.listdir(blobs))
         reach_cache.save()
     assert {"rewrite", "remove", "rm-blob", "corrupt", "list", "swap-template"} <= set(done)
+    assert "restore-blob" in done
+    assert taken > 30  # the saved counts were used, not only worked out
 
 
 def test_edits_by_another_process_reach_a_long_lived_scanner(

@@ -8,6 +8,7 @@ import sys
 import weakref
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -339,7 +340,7 @@ def test_what_a_build_counts_is_what_the_plans_show(tmp_path: Path) -> None:
     assert build is not None
     manifests = {v.manifest.digest: v.manifest for e in index for v in e.variants}
     shapes = {d: build._shape(m) for d, m in manifests.items()}  # before any node is made
-    media = dict(build.media)
+    media = dict(build.media)  # by hex
     walk(tree.root)
     gguf: set[Digest] = set()
     for digest, m in manifests.items():
@@ -354,8 +355,8 @@ def test_what_a_build_counts_is_what_the_plans_show(tmp_path: Path) -> None:
         )
         gguf |= {f.layer.digest for f, _ in plan.shown if f.path.endswith(".gguf")}
         for f, blob in plan.shown:  # the media type of the first layer met with its digest
-            assert blob.media_type == media[blob.digest] == media.get(f.layer.digest)
-    assert build.gguf_blobs == gguf
+            assert blob.media_type == media[blob.digest.hex] == media.get(f.layer.digest.hex)
+    assert build.gguf_blobs == {d.hex for d in gguf}
     assert shapes[manifests_of(index, "odd:taken")].model == Digest.of_bytes(b"{}")
     assert shapes[manifests_of(index, "odd:two")].model == Digest.of_bytes(b"first")
     assert tree.blob_nodes[Digest.of_bytes(b"second")].gguf  # shown as model-2.gguf
@@ -464,3 +465,49 @@ def test_other_tools_layouts_that_fail_to_lay_out_cost_only_themselves(
     }
     assert not wrong
     assert len([r for r in caplog.records if "not shown" in r.getMessage()]) == 1
+
+
+@pytest.mark.parametrize(
+    ("first", "then"),
+    [
+        ({}, {"data": "symlink"}),  # a blob's model directories are links, not its places
+        ({}, {"prefer": ("mlx", "ggml")}),  # another variant at the plain tag
+        ({"prefer": ("mlx", "ggml")}, {}),
+    ],
+)
+def test_counts_kept_for_the_next_start_are_taken_only_by_the_same_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, first: dict[str, Any], then: dict[str, Any]
+) -> None:
+    """A mount start takes the link counts the last build of the same store saved (fsd.counts);
+    a mount with another --data or --prefer works its own out, and each shows what a build
+    that keeps nothing shows."""
+    monkeypatch.setattr(indexfile, "RACY_NS", 0)  # the store below is settled at once
+    root = tmp_path / "models"
+    shared_tool_store(root)
+
+    def build(**options: Any) -> tuple[dict[str, tuple[object, ...]], bool]:
+        index = scan_store(root, ScanCache.open(Layout(root)))
+        tree = TreeBuilder(InodeTable(), **options).build(index)
+        assert tree._build is not None
+        return counted(tree), tree._build.known is not None
+
+    def fresh(**options: Any) -> dict[str, tuple[object, ...]]:
+        return counted(TreeBuilder(InodeTable(), **options).build(scan_store(root)))
+
+    assert build(**first) == (fresh(**first), False)  # worked out, and saved
+    assert build(**first) == (fresh(**first), True)  # taken
+    assert build(**then) == (fresh(**then), False)
+    assert fresh(**then) != fresh(**first)
+
+
+def counted(tree: NameTree) -> dict[str, tuple[object, ...]]:
+    """Every path of the whole tree with its kind and link count (a blob's media type too)."""
+    out: dict[str, tuple[object, ...]] = {}
+    for path, node in walk(tree.root).items():
+        if isinstance(node, DirNode):
+            out[path] = ("dir", node.nlink)
+        elif isinstance(node, BlobNode):
+            out[path] = ("blob", node.count_links(), node.media_type, node.gguf)
+        else:
+            out[path] = (type(node).__name__, node.links)
+    return out

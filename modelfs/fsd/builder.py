@@ -28,8 +28,9 @@ from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from modelfs.fsd import heap
+from modelfs.fsd import counts, heap
 from modelfs.fsd.compat_dirs import CompatDirs
+from modelfs.fsd.counts import Counts
 from modelfs.fsd.nodes import (
     ROOT_INODE,
     BlobNode,
@@ -49,6 +50,7 @@ from modelfs.store.digest import Digest
 from modelfs.store.disk.fileio import open_binary
 from modelfs.store.errors import StoreError
 from modelfs.store.formats.safetensors import read_header_length, read_safetensors_header_path
+from modelfs.store.index.lazy import HexOf
 from modelfs.store.manifest import Manifest, clean_text
 from modelfs.store.names import Name
 from modelfs.store.scan import DEFAULT_PREFER, Entry, StoreIndex, Variant
@@ -205,13 +207,18 @@ class _Build(CompatDirs, ToolDirs):
         self.projector_places: dict[Digest, list[Digest]] = {}
         self.heavy: dict[tuple[Digest, ...], bool] = {}  # see _merge_is_heavy
         # Counted by the build from manifests' layers (`_count_place`), for the blob nodes
-        # made after it: how many model directories show each blob, the media type it is
-        # first met as, and which are shown as a .gguf file.
+        # made after it, by the blob's hex: how many model directories show each blob, the
+        # media type it is first met as, and which are shown as a .gguf file. Or all taken
+        # from the last build of the same store (fsd.counts), when `known` is set.
         self.shapes: dict[Digest, ModelShape] = {}
         self.placed: dict[Digest, int] = {}  # model directories of each manifest
-        self.place_links: dict[Digest, int] = {}
-        self.media: dict[Digest, str] = {}
-        self.gguf_blobs: set[Digest] = set()
+        self.place_links: dict[str, int] = {}
+        self.media: dict[str, str] = {}
+        self.gguf_blobs: set[str] = set()
+        self.known: Counts | None = None
+        # The model directories each holder (by inode) will hold, while building.
+        self.leaves: dict[int, dict[str, tuple[Entry, Variant]]] = {}
+        self.hex_of = HexOf()  # manifests are named by digest before any is made whole
         self.nodes: dict[int, Node] | None = {}  # while building; then None
         self.pending: dict[int, Node] = {}  # made lazily before the tree is attached
         self.sink: weakref.ref[NodeSink] | None = None
@@ -255,17 +262,32 @@ class _Build(CompatDirs, ToolDirs):
         # first looked into; what they will show is counted now (link counts, and their own:
         # a name's four parts and a digest never run into another model's directory).
         hidden: tuple[_Places, _Places] = ({}, {})
-        for entry in index.sorted_entries():
+        entries = index.sorted_entries()
+        fp = counts.fingerprint(index, entries, self.prefer, self.data, self.hex_of)
+        if fp is not None:
+            self._take_counts(counts.load(index, fp))
+        for entry in entries:
             try:
                 self._add_entry(root, hidden, entry)
             except Exception:
                 # One model's oddity must not cost the user the whole view.
                 log.exception("%s: not shown", entry.name)
+        assert self.nodes is not None
+        for inode, leaves in self.leaves.items():
+            holder = self.nodes[inode]
+            assert isinstance(holder, DirNode)
+            holder._subdirs = len(leaves) + sum(
+                isinstance(c, DirNode) for c in holder._children.values()
+            )
+        self.leaves = {}  # each holder's fill holds its own
         for places, holder in zip(hidden, (by_name, by_digest), strict=True):
             holder._fill = functools.partial(self._fill_hidden, places)
             holder._subdirs = len({rel[0] for rel in places})
         self.add_tool_tops(root, root_mtime)
-        self._count_places()
+        if self.known is None:
+            self._count_places()
+            if fp is not None:
+                counts.save(index, fp, self._counts())
         for key, merged in self.merged_nodes.items():
             merged.links = self.merged_links.get(key, 1)
         nodes, self.nodes = self.nodes, None
@@ -291,6 +313,8 @@ class _Build(CompatDirs, ToolDirs):
         for part in rel:
             child = node._children.get(part)
             if child is None:
+                if part in self.leaves.get(node.inode, ()):
+                    raise _Clash(part)  # a model directory, made when `node` is filled
                 child = self._dir((*node.path, part), mtime_ns)
                 node._children[part] = child
             elif not isinstance(child, DirNode) or child.is_model:
@@ -311,7 +335,7 @@ class _Build(CompatDirs, ToolDirs):
             return None
         # Made after the build, when a directory showing it is filled: what it is shown as
         # and in how many model directories was worked out by the build (`_count_place`).
-        media_type = self.media.get(digest, media_type)
+        media_type = self.media.get(digest.hex, media_type)
         node = BlobNode(
             self.inodes.get(("blob", digest)),
             int(info.mtime * 1e9),
@@ -320,8 +344,8 @@ class _Build(CompatDirs, ToolDirs):
             blobs_dir=self.index.layout.blobs,
             blob_size=info.size,
             media_type=media_type,
-            gguf=digest in self.gguf_blobs,
-            links=1 + self.place_links.get(digest, 0),  # .blobs/ shows every present blob
+            gguf=digest.hex in self.gguf_blobs,
+            links=1 + self.place_links.get(digest.hex, 0),  # .blobs/ shows every present blob
         )
         if self.data != "symlink":
             node._count = self.count_ref  # the tool layouts' places, added when first asked
@@ -400,12 +424,12 @@ class _Build(CompatDirs, ToolDirs):
             size = size_of(digest)
             if size is None:
                 continue
-            media.setdefault(digest, layer.media_type)  # the first plan to meet it names it
+            media.setdefault(digest.hex, layer.media_type)  # the first plan to meet it names it
             if size != layer.size:
                 continue
             shown.append(digest)
             if path.endswith(".gguf"):
-                gguf.add(digest)
+                gguf.add(digest.hex)
                 if path == "model.gguf":
                     model = digest
                 elif path == "mmproj.gguf":
@@ -413,7 +437,7 @@ class _Build(CompatDirs, ToolDirs):
         config = None
         if manifest.config is not None and size_of(manifest.config.digest) is not None:
             config = manifest.config.digest
-            media.setdefault(config, manifest.config.media_type)
+            media.setdefault(config.hex, manifest.config.media_type)
         tensors = tuple(x.digest for k, x in zip(kinds, layers, strict=True) if k == "tensor")
         shape = ModelShape(tuple(shown), config, tensors, model, projector)
         self.shapes[manifest.digest] = shape
@@ -495,13 +519,13 @@ class _Build(CompatDirs, ToolDirs):
         if preferred is not None:
             self._defer(by_name, canonical, entry, preferred)
             self._place(root, short_path(name), entry, preferred)
-            self._defer(by_digest, (entry.digest.hex,), entry, preferred)
+            self._defer(by_digest, (self.hex_of(entry.top),), entry, preferred)
         for v in entry.variants:
             if v.from_list and v.runner:
                 parts = short_path(name)
                 self._place(root, (*parts[:-1], f"{parts[-1]}@{v.runner}"), entry, v)
                 self._defer(by_name, (*canonical[:-1], f"{canonical[-1]}@{v.runner}"), entry, v)
-            self._defer(by_digest, (v.manifest.digest.hex,), entry, v)
+            self._defer(by_digest, (self.hex_of(v.manifest),), entry, v)
 
     def _defer(self, places: _Places, rel: tuple[str, ...], entry: Entry, v: Variant) -> None:
         """A model directory to place when its top (.by-name/, .by-digest/) is filled; its
@@ -531,20 +555,43 @@ class _Build(CompatDirs, ToolDirs):
         except _Clash as clash:
             log.info("%s: %r is a file in another model; see .by-name/", entry.name, clash.args[0])
             return
-        if rel[-1] in holder._children:
+        name = rel[-1]
+        leaves = self.leaves.get(holder.inode) if self.nodes is not None else None
+        if name in holder._children or (leaves is not None and name in leaves):
             # First come wins (newest first); every model stays reachable under .by-name/.
             return
+        if self.nodes is not None:
+            # Made when its holder is first looked into (`_fill_leaves`): 9,000 model
+            # directories made at once were half a build of 5,000 models.
+            if leaves is None:
+                leaves = self.leaves[holder.inode] = {}
+                holder._fill = functools.partial(self._fill_leaves, leaves)
+            leaves[name] = (entry, v)
+        else:
+            holder._children[name] = self._model_dir(holder, name, entry, v)
+        if not counted:
+            self._count_place(v)
+
+    def _fill_leaves(self, leaves: dict[str, tuple[Entry, Variant]], holder: DirNode) -> None:
+        for name, (entry, v) in leaves.items():
+            try:
+                holder._children[name] = self._model_dir(holder, name, entry, v)
+            except Exception:
+                log.exception("%s: not shown", entry.name)
+
+    def _model_dir(self, holder: DirNode, name: str, entry: Entry, v: Variant) -> DirNode:
+        """The model directory `name` in `holder`, to be filled on first use."""
         manifest = v.manifest
         xattrs = {
             "user.modelfs.name": entry.name.full.encode(),
             # The manifest this directory serves (a list's child, as `.ollama/digest`), and
             # the tag's own digest, whose first 12 digits are the ID `ls` and `show` give.
-            "user.modelfs.manifest_digest": str(manifest.digest).encode(),
-            "user.modelfs.tag_digest": str(entry.digest).encode(),
+            "user.modelfs.manifest_digest": f"sha256:{self.hex_of(manifest)}".encode(),
+            "user.modelfs.tag_digest": f"sha256:{self.hex_of(entry.top)}".encode(),
         }
-        d = self._dir((*holder.path, rel[-1]), entry.modified_ns, xattrs)
+        d = self._dir((*holder.path, name), entry.modified_ns, xattrs)
         d.is_model = True
-        tensors = (self.shapes.get(manifest.digest) or self._shape(manifest)).tensors
+        tensors = self._tensors_of(manifest)
         # Filled on first use; nothing here reads a blob or makes its plan. Several tensor
         # blobs are merged first, in a worker thread when their headers are big
         # (`_prepare_merged`); one needs no merge (a big one is checked at its first open).
@@ -552,19 +599,26 @@ class _Build(CompatDirs, ToolDirs):
         d._count_subdirs = functools.partial(self._subdirs_of, v)
         if len(tensors) > 1 and tensors not in self.merged:
             d._prepare = functools.partial(self._prepare_merged, manifest)
-        holder._children[rel[-1]] = d
-        if not counted:
-            self._count_place(v)
+        return d
 
     def _count_place(self, v: Variant) -> None:
         """Count a model directory in the link counts of what it shows (`_count_places` adds
         them up when the build ends; a blob's node starts from that). All are counted by the
         end of the build, filled or not, so no listing ever sees one move."""
+        if self.known is not None:
+            return  # counted by the build these counts were saved from
         digest = v.manifest.digest
         shape = self.shapes.get(digest) or self._shape(v.manifest)
         self.placed[digest] = self.placed.get(digest, 0) + 1
         if shape.model is not None:
             self.count_compat_place(shape.model, shape.projector, v)
+
+    def _tensors_of(self, manifest: Manifest) -> tuple[Digest, ...]:
+        """The tensor blobs of a model directory's `model.safetensors` when more than one (a
+        merge to prepare), else what its shape says (one or none: nothing to prepare)."""
+        if self.known is not None:
+            return self.known.multi_tensors.get(self.hex_of(manifest), ())
+        return (self.shapes.get(manifest.digest) or self._shape(manifest)).tensors
 
     def _count_places(self) -> None:
         links = self.place_links
@@ -572,11 +626,45 @@ class _Build(CompatDirs, ToolDirs):
             shape = self.shapes[digest]
             if self.data != "symlink":
                 for blob in shape.shown:
-                    links[blob] = links.get(blob, 0) + n
+                    links[blob.hex] = links.get(blob.hex, 0) + n
             if shape.config is not None:
-                links[shape.config] = links.get(shape.config, 0) + n
+                hex_ = shape.config.hex
+                links[hex_] = links.get(hex_, 0) + n
             if shape.tensors:
                 self.merged_links[shape.tensors] = self.merged_links.get(shape.tensors, 0) + n
+
+    def _counts(self) -> Counts:
+        """What this build counted, to keep for the next (fsd.counts)."""
+        return Counts(
+            self.place_links,
+            self.media,
+            self.gguf_blobs,
+            self.merged_links,
+            self.gguf_places,
+            self.projector_places,
+            {d.hex: s.tensors for d, s in self.shapes.items() if len(s.tensors) > 1},
+        )
+
+    def _take_counts(self, known: Counts | None) -> None:
+        """Use the counts of the last build of the same store (`_count_place` then counts
+        nothing); the earlier mounts' llama.cpp decisions of the GGUF blobs they count are
+        marked as still met, as `count_compat_place` does."""
+        if known is None:
+            return
+        self.known = known
+        self.place_links, self.media, self.gguf_blobs = (
+            known.place_links,
+            known.media,
+            known.gguf_blobs,
+        )
+        self.merged_links = known.merged_links
+        self.gguf_places, self.projector_places = known.gguf_places, known.projector_places
+        decisions = self.builder.decisions
+        if decisions is not None:
+            for model in known.gguf_places:
+                decisions.get("model", model)
+            for projector in known.projector_places:
+                decisions.get("mmproj", projector)
 
     def _fill_lazy(self, entry: Entry, v: Variant, d: DirNode) -> None:
         try:

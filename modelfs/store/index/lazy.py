@@ -59,6 +59,15 @@ class Tables:
             d = self._digests[i] = digest_of_hex(hexes[i])
         return d
 
+    def hex(self, i: int) -> str:
+        hexes = self._hexes
+        if hexes is None:
+            hexes = self._hexes = self._hex_text.split("\n")
+        h = hexes[i]
+        if type(h) is not str or len(h) != 64:
+            raise ValueError("not a digest")
+        return h
+
     def layer(self, i: int) -> Layer:
         layer = self._layers.get(i)
         if layer is None:
@@ -188,3 +197,34 @@ def _lazy_class(base: type[Any], fill: Callable[[Any], None]) -> type[Any]:
 
 LazyManifest: type[Manifest] = _lazy_class(Manifest, _fill_manifest)
 LazyManifestList: type[ManifestList] = _lazy_class(ManifestList, _fill_list)
+
+
+def manifest_hex(m: Manifest | ManifestList) -> str:
+    """The hex of a manifest's digest, without making the manifest whole when it came from the
+    index (a mount's build names 9,000 of them by digest before it looks inside any)."""
+    if type(m) is LazyManifest:
+        held = _RAW.__get__(m)
+    elif type(m) is LazyManifestList:
+        held = _LIST_RAW.__get__(m)
+    else:
+        return m.digest.hex
+    if type(held) is tuple:  # else made whole meanwhile, by another thread
+        tables, data = held
+        return str(tables.hex(_unpacked(data)[2]))
+    return m.digest.hex
+
+
+class HexOf:
+    """`manifest_hex`, worked out once per manifest (by identity: held meanwhile, so that no
+    other object takes its id)."""
+
+    __slots__ = ("_memo",)
+
+    def __init__(self) -> None:
+        self._memo: dict[int, tuple[object, str]] = {}
+
+    def __call__(self, m: Manifest | ManifestList) -> str:
+        got = self._memo.get(id(m))
+        if got is None:
+            got = self._memo[id(m)] = (m, manifest_hex(m))
+        return got[1]
