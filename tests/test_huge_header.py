@@ -72,7 +72,7 @@ def test_a_build_reads_no_big_header(tmp_path: Path, monkeypatch: pytest.MonkeyP
     calls = count_header_reads(monkeypatch)
     tree = TreeBuilder(InodeTable()).build(index)
     assert calls == []
-    huge = tree.root.children["huge"]._children["latest"]
+    huge = tree.root.children["huge"].children["latest"]  # type: ignore[attr-defined]
     assert isinstance(huge, DirNode)
     assert huge.needs_prepare and not huge.loaded
     nlink = huge.nlink
@@ -86,7 +86,7 @@ def test_a_build_reads_no_big_header(tmp_path: Path, monkeypatch: pytest.MonkeyP
     header = read_safetensors_header_path(tiny.root / "blobs" / merged.merged.segments[0].path.name)  # type: ignore[union-attr]
     assert merged.size > header.file_size
     # A small model is built at once as before.
-    small = tree.root.children["small0"]._children["latest"]
+    small = tree.root.children["small0"].children["latest"]  # type: ignore[attr-defined]
     assert isinstance(small, DirNode) and small.loaded and not small.needs_prepare
 
 

@@ -32,7 +32,8 @@ OPTIONS = ("cache=no", "follow_symlinks")
 
 def leftovers(store: Path) -> list[str]:
     """Every file under `.modelfs/` that is no lease, GC or verify state, history, trash, the
-    llama.cpp views' decisions or the scan and reach indexes (their temp files are leftovers)."""
+    llama.cpp views' decisions, the scan and reach indexes or a mount's counts (their temp files are
+    leftovers)."""
     kept = (
         "leases/",
         "trash/",
@@ -42,6 +43,7 @@ def leftovers(store: Path) -> list[str]:
         DECISIONS,
         "scan-index",
         "reach-index",
+        "mount-counts",
     )
     found = []
     for top, _dirs, files in os.walk(store / ".modelfs"):

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import gc
+import os
+import shutil
 import subprocess
 import sys
+import time
 import weakref
 from collections import Counter
 from pathlib import Path
@@ -15,7 +18,7 @@ import pytest
 from modelfs.demo import build_demo_store
 from modelfs.fsd import tool_dirs
 from modelfs.fsd.builder import NameTree, TreeBuilder, short_path
-from modelfs.fsd.mount import changed_entries
+from modelfs.fsd.mount import Mount, changed_entries
 from modelfs.fsd.nodes import BlobNode, DirNode, InodeTable, Node
 from modelfs.fsd.ops import ModelOperations
 from modelfs.store.digest import Digest
@@ -109,6 +112,38 @@ def test_signature_moves_on_each_kind_of_change(tmp_path: Path) -> None:
     assert s2 != s1
     tiny.blob(b"just a blob")
     assert store_signature(layout) != s2
+
+
+@pytest.mark.parametrize("change", ["none", "add", "rewrite", "remove-top", "blob"])
+def test_the_first_look_after_a_start_sees_changes_made_during_its_scan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    """A mount start takes no signature before its scan; the first look after it tells by the
+    ctimes whether the store changed since the scan began: a tag added, one rewritten with its
+    mtime put back, a whole name removed from the top of manifests/, a blob added."""
+    monkeypatch.setattr(indexfile, "RACY_NS", 20_000_000)
+    tiny = TinyStore(tmp_path / "models")
+    tiny.gguf_model("a:1", payload=b"a")
+    tiny.gguf_model("hf.co/o/r:q4", payload=b"r")
+    time.sleep(0.05)  # settled, as far as the margin above goes
+    mount = Mount(tiny.root, tmp_path / "mnt", prefer=("ggml",))
+    mount._scan(first=True)
+    time.sleep(0.05)  # a change after the scan began, past the margin
+    tag = tiny.layout.legacy_manifest(parse_name("a:1"))
+    if change == "add":
+        tiny.gguf_model("b:1", payload=b"b")
+    elif change == "rewrite":
+        st = tag.stat()
+        with open(tag, "r+b") as f:
+            f.write(b" ")  # the same size, its first byte was `{`... and is a space now
+        os.utime(tag, ns=(st.st_atime_ns, st.st_mtime_ns))
+    elif change == "remove-top":
+        shutil.rmtree(tiny.layout.manifests / "hf.co")
+    elif change == "blob":
+        tiny.blob(b"just a blob")
+    first = store_signature(Layout(tiny.root))
+    assert mount._served_as(first) == (change == "none")
+    assert mount._served_as(store_signature(Layout(tiny.root))) == (change == "none")
 
 
 def test_models_never_nest_and_links_count_places(tmp_path: Path) -> None:

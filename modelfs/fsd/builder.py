@@ -218,6 +218,7 @@ class _Build(CompatDirs, ToolDirs):
         self.known: Counts | None = None
         # The model directories each holder (by inode) will hold, while building.
         self.leaves: dict[int, dict[str, tuple[Entry, Variant]]] = {}
+        self.hidden_subdirs = (0, 0)  # the link counts of .by-name/ and .by-digest/, less 2
         self.hex_of = HexOf()  # manifests are named by digest before any is made whole
         self.nodes: dict[int, Node] | None = {}  # while building; then None
         self.pending: dict[int, Node] = {}  # made lazily before the tree is attached
@@ -268,7 +269,9 @@ class _Build(CompatDirs, ToolDirs):
             self._take_counts(counts.load(index, fp))
         for entry in entries:
             try:
-                self._add_entry(root, hidden, entry)
+                self._add_entry(root, entry)
+                if self.known is None:  # else worked out when first looked into
+                    self._add_hidden(hidden, entry)
             except Exception:
                 # One model's oddity must not cost the user the whole view.
                 log.exception("%s: not shown", entry.name)
@@ -280,9 +283,18 @@ class _Build(CompatDirs, ToolDirs):
                 isinstance(c, DirNode) for c in holder._children.values()
             )
         self.leaves = {}  # each holder's fill holds its own
-        for places, holder in zip(hidden, (by_name, by_digest), strict=True):
-            holder._fill = functools.partial(self._fill_hidden, places)
-            holder._subdirs = len({rel[0] for rel in places})
+        if self.known is None:
+            for places, holder in zip(hidden, (by_name, by_digest), strict=True):
+                holder._fill = functools.partial(self._fill_hidden, places)
+            self.hidden_subdirs = (
+                len({rel[0] for rel in hidden[0]}),
+                len({rel[0] for rel in hidden[1]}),
+            )
+        else:
+            for which, holder in enumerate((by_name, by_digest)):
+                holder._fill = functools.partial(self._fill_hidden_later, entries, which)
+            self.hidden_subdirs = self.known.hidden_subdirs
+        by_name._subdirs, by_digest._subdirs = self.hidden_subdirs
         self.add_tool_tops(root, root_mtime)
         if self.known is None:
             self._count_places()
@@ -511,21 +523,41 @@ class _Build(CompatDirs, ToolDirs):
         holder._children[name] = self._bytes(path, data, mtime_ns)
 
     # -- model directories ---------------------------------------------------------------
-    def _add_entry(self, root: DirNode, hidden: tuple[_Places, _Places], entry: Entry) -> None:
-        by_name, by_digest = hidden
+    def _add_entry(self, root: DirNode, entry: Entry) -> None:
+        """A tag's model directories under its short name (`name/tag`, `name/tag@runner`)."""
         name = entry.name
-        canonical = name.legacy_parts()
         preferred = entry.preferred(self.prefer)
         if preferred is not None:
-            self._defer(by_name, canonical, entry, preferred)
             self._place(root, short_path(name), entry, preferred)
-            self._defer(by_digest, (self.hex_of(entry.top),), entry, preferred)
         for v in entry.variants:
             if v.from_list and v.runner:
                 parts = short_path(name)
                 self._place(root, (*parts[:-1], f"{parts[-1]}@{v.runner}"), entry, v)
+
+    def _add_hidden(self, hidden: tuple[_Places, _Places], entry: Entry) -> None:
+        """... and under .by-name/ and .by-digest/, placed when those are first looked into:
+        a name's four parts and a digest never run into another model's directory."""
+        by_name, by_digest = hidden
+        canonical = entry.name.legacy_parts()
+        preferred = entry.preferred(self.prefer)
+        if preferred is not None:
+            self._defer(by_name, canonical, entry, preferred)
+            self._defer(by_digest, (self.hex_of(entry.top),), entry, preferred)
+        for v in entry.variants:
+            if v.from_list and v.runner:
                 self._defer(by_name, (*canonical[:-1], f"{canonical[-1]}@{v.runner}"), entry, v)
             self._defer(by_digest, (self.hex_of(v.manifest),), entry, v)
+
+    def _fill_hidden_later(self, entries: list[Entry], which: int, top: DirNode) -> None:
+        """Fill .by-name/ (0) or .by-digest/ (1) of a build that took its counts (fsd.counts),
+        which worked out no place there."""
+        hidden: tuple[_Places, _Places] = ({}, {})
+        for entry in entries:
+            try:
+                self._add_hidden(hidden, entry)
+            except Exception:
+                log.exception("%s: not shown", entry.name)
+        self._fill_hidden(hidden[which], top)
 
     def _defer(self, places: _Places, rel: tuple[str, ...], entry: Entry, v: Variant) -> None:
         """A model directory to place when its top (.by-name/, .by-digest/) is filled; its
@@ -643,6 +675,8 @@ class _Build(CompatDirs, ToolDirs):
             self.gguf_places,
             self.projector_places,
             {d.hex: s.tensors for d, s in self.shapes.items() if len(s.tensors) > 1},
+            self.hidden_subdirs,
+            self.repos_of_blobs(),
         )
 
     def _take_counts(self, known: Counts | None) -> None:
@@ -659,6 +693,7 @@ class _Build(CompatDirs, ToolDirs):
         )
         self.merged_links = known.merged_links
         self.gguf_places, self.projector_places = known.gguf_places, known.projector_places
+        self.blob_repos = known.blob_repos
         decisions = self.builder.decisions
         if decisions is not None:
             for model in known.gguf_places:

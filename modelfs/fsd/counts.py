@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +50,11 @@ class Counts:
     # The tensor blobs of each manifest (by hex) with more than one: its model directory
     # merges them (`_prepare`).
     multi_tensors: dict[str, tuple[Digest, ...]] = field(default_factory=dict)
+    # The directories in .by-name/ and .by-digest/, placed when those are first looked into.
+    hidden_subdirs: tuple[int, int] = (0, 0)
+    # The repositories (toolviews.repo_key) holding each blob (by hex) in a layer the tool
+    # layouts may show: a blob's places there are counted from theirs (fsd.tool_dirs).
+    blob_repos: Mapping[str, Collection[tuple[str, ...]]] = field(default_factory=dict)
 
 
 def fingerprint(
@@ -85,7 +90,7 @@ def load(index: StoreIndex, key: bytes) -> Counts | None:
     if obj is None:
         return None
     try:
-        saved, links, media, gguf, merged, places, projectors, multi = obj
+        saved, links, media, gguf, merged, places, projectors, multi, hidden, repos = obj
         if saved != key:
             return None
         counts = Counts(dict(links), dict(media), set(gguf))
@@ -94,6 +99,11 @@ def load(index: StoreIndex, key: bytes) -> Counts | None:
         counts.gguf_places = {hexes(k): int(n) for k, n in places.items()}
         counts.projector_places = {hexes(k): list(map(hexes, v)) for k, v in projectors.items()}
         counts.multi_tensors = {str(k): tuple(map(hexes, v)) for k, v in multi.items()}
+        by_name, by_digest = hidden
+        counts.hidden_subdirs = (int(by_name), int(by_digest))
+        if type(repos) is not dict:
+            raise TypeError("blob_repos")
+        counts.blob_repos = repos  # each looked up when a blob is first counted
         if not all(type(k) is str and type(n) is int for k, n in counts.place_links.items()):
             raise TypeError("place_links")
         if not all(type(k) is str and type(v) is str for k, v in counts.media.items()):
@@ -115,6 +125,8 @@ def save(index: StoreIndex, key: bytes, counts: Counts) -> None:
         {d.hex: n for d, n in counts.gguf_places.items()},
         {d.hex: [m.hex for m in v] for d, v in counts.projector_places.items()},
         {k: tuple(d.hex for d in v) for k, v in counts.multi_tensors.items()},
+        counts.hidden_subdirs,
+        {k: list(v) for k, v in counts.blob_repos.items()},
     )
     try:
         write_index(_path(index), MAGIC, FORMAT_VERSION, obj, index.layout.root)

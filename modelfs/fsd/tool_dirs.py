@@ -17,7 +17,7 @@ import logging
 import threading
 import weakref
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from modelfs.fsd.nodes import BlobNode, BytesNode, DirNode, Node
@@ -85,8 +85,10 @@ class ToolDirs:
         self.tool_lock = threading.RLock()
         self.tool_files: dict[str, list[ToolFile]] = {}
         self.tool_counts: Counter[Digest] | None = None  # from the whole layouts
-        self.blob_repos: dict[Digest, set[Repo]] | None = None
-        self.repo_entries: dict[Repo, list[Entry]] = {}
+        # The repositories holding each blob (by hex): worked out from every manifest's
+        # layers, or taken from the last build of the same store (fsd.counts).
+        self.blob_repos: Mapping[str, Collection[Repo]] | None = None
+        self.repo_entries: dict[Repo, list[Entry]] | None = None
         self.counted_alone = 0
         # The tensor names known when the build began: a layout made later is the one the
         # build would have made (a header read meanwhile would change an index, or drop
@@ -134,7 +136,7 @@ class ToolDirs:
                 for name, _ in TOOL_VIEWS:
                     counts.update(self._shown(self.tool_files[name]))
                 self.tool_counts = counts
-                self.blob_repos, self.repo_entries = {}, {}  # counted by `tool_counts` now
+                self.blob_repos, self.repo_entries = {}, None  # counted by `tool_counts` now
                 files = self.tool_files[layout]
             return files
 
@@ -201,10 +203,14 @@ class ToolDirs:
 
     def _repo_count(self, digest: Digest) -> int:
         """How often the layouts show the blob: laid out for the repositories holding it."""
-        repos = self._blob_repos().get(digest)
+        repos = self.repos_of_blobs().get(digest.hex)
         if not repos:
             return 0
-        entries = [e for repo in repos for e in self.repo_entries[repo]]
+        if self.repo_entries is None:
+            self.repo_entries = {}
+            for entry in self.index:
+                self.repo_entries.setdefault(repo_key(entry.name), []).append(entry)
+        entries = [e for repo in repos for e in self.repo_entries.get(tuple(repo), ())]
         models = tool_models(self.index, self.prefer, self._files_of, entries)
         return sum(
             d == digest
@@ -212,16 +218,15 @@ class ToolDirs:
             for d in self._shown(layout_files(layout, models, self._names))
         )
 
-    def _blob_repos(self) -> dict[Digest, set[Repo]]:
-        """The repositories whose tags hold each blob in a layer a layout may show."""
+    def repos_of_blobs(self) -> Mapping[str, Collection[Repo]]:
+        """The repositories whose tags hold each blob (by hex) in a layer a layout may show."""
         if self.blob_repos is None:
-            blob_repos: dict[Digest, set[Repo]] = {}
+            blob_repos: dict[str, set[Repo]] = {}
             for entry in self.index:
                 repo = repo_key(entry.name)
-                self.repo_entries.setdefault(repo, []).append(entry)
                 for v in entry.variants:
                     for layer in v.manifest.layers:
                         if layer.kind in SHOWN_KINDS:
-                            blob_repos.setdefault(layer.digest, set()).add(repo)
+                            blob_repos.setdefault(layer.digest.hex, set()).add(repo)
             self.blob_repos = blob_repos
         return self.blob_repos

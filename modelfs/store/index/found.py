@@ -7,6 +7,7 @@ exceptions: one bad file must not hide the rest of the store, and must not be de
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import stat
@@ -84,6 +85,11 @@ def child_runner(
 
 def runner_rank(runner: str | None, prefer: Iterable[str]) -> int:
     """Where `runner` stands in `prefer` (case-insensitive); after all of them if absent."""
+    return _rank(runner, prefer if isinstance(prefer, tuple) else tuple(prefer))
+
+
+@functools.lru_cache(maxsize=256)  # a mount's build ranks 7,000 variants of a few runners
+def _rank(runner: str | None, prefer: tuple[str, ...]) -> int:
     order = [p.lower() for p in prefer]
     r = (runner or "").lower()
     return order.index(r) if r in order else len(order)
