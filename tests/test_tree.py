@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import weakref
 from collections import Counter
@@ -546,3 +547,37 @@ def counted(tree: NameTree) -> dict[str, tuple[object, ...]]:
         else:
             out[path] = (type(node).__name__, node.links)
     return out
+
+
+def test_a_node_an_old_trees_worker_places_never_displaces_the_new_trees(tmp_path: Path) -> None:
+    """A worker thread filling a directory asks whether its tree is still the one served, then
+    places its node: a swap of trees in between must not let the replaced tree's node take the
+    inode from the new tree's (the mount asks and places under the lock a swap takes)."""
+    tiny = TinyStore(tmp_path / "models")
+    tiny.gguf_model("a:1", payload=b"a")
+    builder = TreeBuilder(InodeTable())
+    ops = ModelOperations(builder.build(scan_store(tiny.root)), 0, 0, tiny.root)
+    old = ops.tree
+    new = builder.build(scan_store(tiny.root))
+    fresh = new.root.children[".by-name"]
+    stale = DirNode(fresh.inode, 0, {}, path=(".by-name",))  # made by the old tree's worker
+    asked, go = threading.Event(), threading.Event()
+
+    def current() -> bool:
+        assert old._build is not None
+        answer = old._build.current  # True: the old tree is still served
+        asked.set()
+        go.wait(5)  # the GIL lets the request loop swap now
+        return answer
+
+    worker = threading.Thread(target=ops.place, args=(stale, current))
+    worker.start()
+    assert asked.wait(5)
+    swapper = threading.Thread(target=ops.swap, args=(new,))
+    swapper.start()
+    time.sleep(0.2)
+    go.set()
+    worker.join(5)
+    swapper.join(5)
+    assert ops.tree is new
+    assert ops.nodes[fresh.inode] is fresh

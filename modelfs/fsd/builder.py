@@ -236,7 +236,10 @@ class _Build(CompatDirs, ToolDirs):
             if self.sink is None:
                 self.pending[node.inode] = node
             return  # the mount is gone
-        sink.place(node, self.current)
+        sink.place(node, self.is_current)
+
+    def is_current(self) -> bool:
+        return self.current
 
     def attach(self, sink: NodeSink) -> None:
         self.sink = weakref.ref(sink)

@@ -254,7 +254,9 @@ class NodeSink(Protocol):
     """Where nodes made after a build (by filling a lazy directory) are registered: the mount's
     inode -> node table."""
 
-    def place(self, node: Node, current: bool) -> None:
-        """Register `node`; `current` when the tree that made it is the one served (its node
-        wins), else only if nothing holds the inode yet (a replaced tree the kernel still
-        walks; the content of an inode is the same in both by construction)."""
+    def place(self, node: Node, current: Callable[[], bool]) -> None:
+        """Register `node`; if `current()` (asked under the sink's lock, so that no swap of
+        trees comes between the answer and the placing) the tree that made it is the one
+        served and its node wins, else it is placed only if nothing holds the inode yet (a
+        replaced tree the kernel still walks; the content of an inode is the same in both by
+        construction)."""

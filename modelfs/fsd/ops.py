@@ -13,6 +13,7 @@ import logging
 import os
 import platform
 import stat
+import threading
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -222,6 +223,8 @@ class ModelOperations(pyfuse3.Operations):
         # nodes of replaced trees are let go once it forgets them.
         self._lookups: dict[int, int] = {}
         self._old: set[int] = set()  # inodes kept only because the kernel still knows them
+        # Held while a node made outside the request loop is placed, and while trees are swapped.
+        self._placing = threading.Lock()
         tree.attach(self)  # what its lazy directories make shows up in self.nodes
         self.uid = uid
         self.gid = gid
@@ -282,15 +285,16 @@ class ModelOperations(pyfuse3.Operations):
     def swap(self, tree: NameTree) -> None:
         # Old inodes the kernel still holds (open files, cached dentries) stay resolvable, and
         # their content is unchanged by definition; the others go, with their inode numbers.
-        self.tree.retire()
-        self.tree = tree
-        nodes = dict(tree.nodes)
-        old: set[int] = set()
-        for inode in self._lookups:
-            if inode not in nodes and (node := self.nodes.get(inode)) is not None:
-                nodes[inode] = node
-                old.add(inode)
-        self.nodes, self._old = nodes, old
+        with self._placing:  # a worker thread of the old tree may be placing a node
+            self.tree.retire()
+            self.tree = tree
+            nodes = dict(tree.nodes)
+            old: set[int] = set()
+            for inode in self._lookups:
+                if inode not in nodes and (node := self.nodes.get(inode)) is not None:
+                    nodes[inode] = node
+                    old.add(inode)
+            self.nodes, self._old = nodes, old
         for inode in [i for i in self._gguf_xattrs if i not in nodes]:
             del self._gguf_xattrs[inode]
         tree.attach(self)
@@ -350,14 +354,15 @@ class ModelOperations(pyfuse3.Operations):
             self._parents[child.inode] = parent_inode
         return attrs
 
-    def place(self, node: Node, current: bool) -> None:
+    def place(self, node: Node, current: Callable[[], bool]) -> None:
         """A node made by filling a lazy directory (see fsd.nodes.NodeSink)."""
-        if current:
-            self.nodes[node.inode] = node
-            self._old.discard(node.inode)
-        elif node.inode not in self.nodes:
-            self.nodes[node.inode] = node
-            self._old.add(node.inode)
+        with self._placing:
+            if current():
+                self.nodes[node.inode] = node
+                self._old.discard(node.inode)
+            elif node.inode not in self.nodes:
+                self.nodes[node.inode] = node
+                self._old.add(node.inode)
 
     def _handed_out(self, inode: int) -> None:
         self._lookups[inode] = self._lookups.get(inode, 0) + 1

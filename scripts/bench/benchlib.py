@@ -34,6 +34,10 @@ if not MODELFS.exists():
 os.environ["PYTHONPATH"] = os.pathsep.join(
     [str(REPO), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
 )
+# As an installed modelfs runs: from compiled bytecode (pip and Debian's packages compile it at
+# install). An environment that says not to write any (PYTHONDONTWRITEBYTECODE) would have
+# every process started here compile each module it imports again, ~40 ms of a mount's start.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 MB = 1e6
 GiB = 1 << 30
 
