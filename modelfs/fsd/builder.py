@@ -627,12 +627,12 @@ class _Build(CompatDirs, ToolDirs):
         d = self._dir((*holder.path, name), entry.modified_ns, xattrs)
         d.is_model = True
         tensors = self._tensors_of(manifest)
-        # Filled on first use; nothing here reads a blob or makes its plan. Several tensor
-        # blobs are merged first, in a worker thread when their headers are big
-        # (`_prepare_merged`); one needs no merge (a big one is checked at its first open).
+        # Filled on first use; nothing here reads a blob or makes its plan. Tensor blobs'
+        # headers are read first, in a worker thread (`_prepare_merged`): the request loop
+        # answers other lookups meanwhile.
         d._fill = functools.partial(self._fill_lazy, entry, v)
         d._count_subdirs = functools.partial(self._subdirs_of, v)
-        if len(tensors) > 1 and tensors not in self.merged:
+        if tensors and tensors not in self.merged:
             d._prepare = functools.partial(self._prepare_merged, manifest)
         return d
 
@@ -649,10 +649,9 @@ class _Build(CompatDirs, ToolDirs):
             self.count_compat_place(shape.model, shape.projector, v)
 
     def _tensors_of(self, manifest: Manifest) -> tuple[Digest, ...]:
-        """The tensor blobs of a model directory's `model.safetensors` when more than one (a
-        merge to prepare), else what its shape says (one or none: nothing to prepare)."""
+        """The tensor blobs of a model directory's `model.safetensors`."""
         if self.known is not None:
-            return self.known.multi_tensors.get(self.hex_of(manifest), ())
+            return self.known.tensors.get(self.hex_of(manifest), ())
         return (self.shapes.get(manifest.digest) or self._shape(manifest)).tensors
 
     def _count_places(self) -> None:
@@ -677,7 +676,7 @@ class _Build(CompatDirs, ToolDirs):
             self.merged_links,
             self.gguf_places,
             self.projector_places,
-            {d.hex: s.tensors for d, s in self.shapes.items() if len(s.tensors) > 1},
+            {d.hex: s.tensors for d, s in self.shapes.items() if s.tensors},
             self.hidden_subdirs,
             self.repos_of_blobs(),
         )
@@ -844,10 +843,13 @@ class _Build(CompatDirs, ToolDirs):
         return plan.subdirs + (1 if self._shows_compat(plan, v) else 0)
 
     def _prepare_merged(self, manifest: Manifest) -> None:
+        """Read what the directory's `model.safetensors` needs, in a worker thread: the header
+        lengths, then the headers to merge, but for one big tensor blob, whose header is
+        checked at its first open (`_unread_single`)."""
         files = self._plan(manifest).files
         key = _tensor_key(files)
-        if not self._merge_is_heavy(key):
-            return  # made when the directory is filled: a small header is read at once
+        if self._merge_is_heavy(key) and len(key) == 1:
+            return
         with self.builder.merge_locks.setdefault(key, threading.Lock()):
             self._merged_view(files)
 

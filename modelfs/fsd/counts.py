@@ -47,9 +47,9 @@ class Counts:
     merged_links: dict[tuple[Digest, ...], int] = field(default_factory=dict)
     gguf_places: dict[Digest, int] = field(default_factory=dict)
     projector_places: dict[Digest, list[Digest]] = field(default_factory=dict)
-    # The tensor blobs of each manifest (by hex) with more than one: its model directory
-    # merges them (`_prepare`).
-    multi_tensors: dict[str, tuple[Digest, ...]] = field(default_factory=dict)
+    # The tensor blobs of each manifest (by hex) that has any: its model directory reads
+    # their headers before it is filled (`_prepare`).
+    tensors: dict[str, tuple[Digest, ...]] = field(default_factory=dict)
     # The directories in .by-name/ and .by-digest/, placed when those are first looked into.
     hidden_subdirs: tuple[int, int] = (0, 0)
     # The repositories (toolviews.repo_key) holding each blob (by hex) in a layer the tool
@@ -90,7 +90,7 @@ def load(index: StoreIndex, key: bytes) -> Counts | None:
     if obj is None:
         return None
     try:
-        saved, links, media, gguf, merged, places, projectors, multi, hidden, repos = obj
+        saved, links, media, gguf, merged, places, projectors, tensors, hidden, repos = obj
         if saved != key:
             return None
         counts = Counts(dict(links), dict(media), set(gguf))
@@ -98,7 +98,7 @@ def load(index: StoreIndex, key: bytes) -> Counts | None:
         counts.merged_links = {tuple(map(hexes, k)): int(n) for k, n in merged.items()}
         counts.gguf_places = {hexes(k): int(n) for k, n in places.items()}
         counts.projector_places = {hexes(k): list(map(hexes, v)) for k, v in projectors.items()}
-        counts.multi_tensors = {str(k): tuple(map(hexes, v)) for k, v in multi.items()}
+        counts.tensors = {str(k): tuple(map(hexes, v)) for k, v in tensors.items()}
         by_name, by_digest = hidden
         counts.hidden_subdirs = (int(by_name), int(by_digest))
         if type(repos) is not dict:
@@ -124,7 +124,7 @@ def save(index: StoreIndex, key: bytes, counts: Counts) -> None:
         {tuple(d.hex for d in k): n for k, n in counts.merged_links.items()},
         {d.hex: n for d, n in counts.gguf_places.items()},
         {d.hex: [m.hex for m in v] for d, v in counts.projector_places.items()},
-        {k: tuple(d.hex for d in v) for k, v in counts.multi_tensors.items()},
+        {k: tuple(d.hex for d in v) for k, v in counts.tensors.items()},
         counts.hidden_subdirs,
         {k: list(v) for k, v in counts.blob_repos.items()},
     )

@@ -332,7 +332,9 @@ class ModelOperations(pyfuse3.Operations):
     async def getattr(
         self, inode: int, ctx: pyfuse3.RequestContext | None = None
     ) -> pyfuse3.EntryAttributes:
-        return self._attrs(self._node(inode))
+        node = self._node(inode)
+        await _counted((node,))  # a rebuild's directories may not have counted theirs yet
+        return self._attrs(node)
 
     @_guarded
     async def lookup(
