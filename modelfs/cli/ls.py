@@ -87,7 +87,7 @@ def _fact(
 
 def _is_fields(value: Any) -> bool:
     """Of _template_fields' shape."""
-    return type(value) is frozenset and all(type(x) is str for x in value)
+    return type(value) is frozenset and set(map(type, value)) <= {str}
 
 
 def _is_summary(value: Any) -> bool:

@@ -91,7 +91,6 @@ DirEntry = os.DirEntry[str] | Listed  # a tag file as the walk gives it
 Item = tuple[tuple[str, ...], DirEntry | None, str]
 
 _RUNNER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,79}")
-_MESSAGES = frozenset({tuple, type(None)})  # a recipe's missing-blob messages, or not yet
 
 
 def read_limited(path: Path | str, limit: int) -> bytes:
@@ -378,7 +377,9 @@ class Scanner:
         spec, absent_at, problems, missing = recipe
         # What the recipe hands on as it is is checked here (in this per-tag loop, only what
         # is there); anything else wrong in it raises below, before anything is done.
-        if type(missing) not in _MESSAGES or (missing and not types_in(missing, TEXT)):
+        if missing is not None and (
+            type(missing) is not tuple or (missing and not types_in(missing, TEXT))
+        ):
             raise TypeError("a recipe's messages")
         if problems and not types_in(chain.from_iterable(tuples_of(problems, 2)), TEXT):
             raise TypeError("a recipe's problems")
@@ -402,7 +403,7 @@ class Scanner:
             made = tuple(variants)
         elif len(spec) == 1 and spec[0][0] is None:
             _, runner, fmt = spec[0]
-            if type(runner) not in TEXT_OR_NONE or type(fmt) not in TEXT_OR_NONE:
+            if not ((runner is None or type(runner) is str) and (fmt is None or type(fmt) is str)):
                 raise TypeError("a recipe's runner")
             made = (Variant(top, runner, fmt, False),)
         else:

@@ -132,6 +132,7 @@ class ScanCache:
     # What a command worked out from a blob's bytes (`ls`: a GGUF header's summary, a
     # template's fields), by kind and hex: held to the listing, as sizes are.
     facts: dict[str, Any] = field(default_factory=dict)
+    facts_checked: set[str] = field(default_factory=set)  # found of the shape `fact` wants
     entries: dict[str, Recipe] = field(default_factory=dict)  # held to the listing
     dirs: dict[str, DirListing] = field(default_factory=dict)
     path: Path | None = None
@@ -156,7 +157,7 @@ class ScanCache:
     def keep_listing(self, listing: Listing | None) -> None:
         """Take the listing a scan used; the facts go with the one they were read under."""
         if listing is None or self.listing is None or listing[0] != self.listing[0]:
-            self.facts = {}
+            self.facts, self.facts_checked = {}, set()
         if listing is None:
             self.entries = {}
         self.listing = listing
@@ -172,7 +173,9 @@ class ScanCache:
         key = kind + hex_
         if key in self.facts:
             known: T = self.facts[key]
-            if valid(known):
+            # Checked once: `ls` asks for a family's template once for each of its models.
+            if key in self.facts_checked or valid(known):
+                self.facts_checked.add(key)
                 return known
             self.damaged(f"a fact ({kind.rstrip(':')})")
         value = compute()
