@@ -23,6 +23,7 @@ from modelfs.store.index import indexfile, reachcache, scancache
 from modelfs.store.index.scancache import ScanCache
 from modelfs.store.scan import scan_store
 from tests.builders import TinyStore, gguf_bytes
+from tests.mounting import fuse, mounted
 
 REPO = Path(__file__).resolve().parent.parent
 Obj = list[Any]
@@ -345,3 +346,42 @@ def test_a_reach_index_of_the_wrong_shape(
     # leaves a good one, which the next dry run uses without a word.
     plan_gc(store.layout, GcPolicy())
     assert gc_dry_run(store.root) == (fresh.planned, fresh.gc_err)
+
+
+def mount_tree(
+    store: TinyStore, mnt: Path, capsys: pytest.CaptureFixture[str]
+) -> tuple[list[tuple[str, int]], list[str]]:
+    """Every file the mount shows, with its size, and the mount's lines about the index."""
+    capsys.readouterr()
+    with mounted(store.root, mnt, env={**os.environ, "PYTHONPATH": str(REPO)}):
+        files = sorted(
+            (os.path.relpath(os.path.join(d, n), mnt), os.stat(os.path.join(d, n)).st_size)
+            for d, _, names in os.walk(mnt)
+            for n in names
+        )
+    said = capsys.readouterr().out.splitlines()  # the mount's log, as `mounted` passes it on
+    return files, [line for line in said if "scan index" in line]
+
+
+@fuse
+@pytest.mark.parametrize(
+    "damage",
+    [short_manifest, layer_row_size_str, kind_flipped, dirs_kinds_short, recipe_runner_int],
+    ids=lambda f: f.__name__,
+)
+def test_the_mount_shows_the_store_over_a_scan_index_of_the_wrong_shape(
+    store: TinyStore,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    damage: Callable[[Obj], None],
+) -> None:
+    """The mount builds each model's directory when it is first looked up, long after its
+    scan: a manifest of the wrong shape met then is read afresh, not an error to the reader."""
+    (store.layout.state / scancache.FILE_NAME).unlink(missing_ok=True)
+    fresh, said = mount_tree(store, tmp_path / "fresh", capsys)
+    assert fresh and said == []
+    good_indexes(store)
+    rewrite(store, scancache.FILE_NAME, damage)
+    got, said = mount_tree(store, tmp_path / "mnt", capsys)
+    assert got == fresh
+    assert len(said) == 1 and str(store.layout.state / scancache.FILE_NAME) in said[0], said
