@@ -408,7 +408,8 @@ class Scanner:
             made = (Variant(top, runner, fmt, False),)
         else:
             return None
-        self._blob_met.update(met)
+        if met:
+            self._blob_met.update(met)
         for kind, message in problems:
             self._problem(kind, rel, message)
         return made, absent

@@ -174,7 +174,9 @@ class ScanCache:
         if key in self.facts:
             known: T = self.facts[key]
             # Checked once: `ls` asks for a family's template once for each of its models.
-            if key in self.facts_checked or valid(known):
+            if key in self.facts_checked:
+                return known
+            if valid(known):
                 self.facts_checked.add(key)
                 return known
             self.damaged(f"a fact ({kind.rstrip(':')})")
