@@ -37,7 +37,7 @@ from modelfs.store.manifest import Layer, ListChild, Manifest, ManifestList
 
 Parsed = Manifest | ManifestList
 # (where the manifest came from, why its data cannot be built, the class it must be): the
-# manifest read afresh (scancache.ScanCache._recover).
+# manifest read afresh (scancache._Recovery).
 Recover = Callable[[str, str, type[Parsed]], Parsed]
 _HEX_LINES = b"0123456789abcdef\n"
 

@@ -49,6 +49,7 @@ import logging
 import marshal
 import os
 import sys
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import chain
@@ -120,7 +121,7 @@ FILE_NAME = "scan-index"
 T = TypeVar("T")
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, weakref_slot=True)  # weakly held by its load's tables: _Recovery
 class ScanCache:
     """See the module's text. `path`: where it persists; None keeps it in memory only."""
 
@@ -224,10 +225,24 @@ class ScanCache:
         self.manifests, self.links, self.blob_manifests, self.configs = {}, {}, {}, {}
         self.listing, self.facts, self.entries, self.dirs = None, {}, {}, {}
 
-    def _recover(self, source: str, why: str, cls: type[Parsed]) -> Parsed:
-        """The manifest at `source` (a key of `manifests` or `blob_manifests`) read afresh,
-        its data in the file being `why` unusable: store.index.lazy's `recover`."""
-        self.damaged(why)
+
+class _Recovery:
+    """store.index.lazy's `recover` for a load's tables: the manifest at `source` (a key of
+    `manifests` or `blob_manifests`) read afresh, its data in the file being `why` unusable,
+    and the cache told. It holds the cache weakly: a cache dropped (a long-lived view's,
+    replaced) is then freed by its count, not left with its whole load (some 100,000
+    objects: its manifests hold their tables) to the cycle collector."""
+
+    __slots__ = ("cache", "path", "root")
+
+    def __init__(self, cache: ScanCache) -> None:
+        self.cache = weakref.ref(cache)
+        self.path, self.root = cache.path, cache.root
+
+    def __call__(self, source: str, why: str, cls: type[Parsed]) -> Parsed:
+        cache = self.cache()
+        if cache is not None:
+            cache.damaged(why)
         found = reread(self.root, source)
         if type(found) is not cls:
             # A kind the file did not hold: the object handed out cannot become the other.
@@ -367,7 +382,7 @@ def _decode(cache: ScanCache, obj: Any) -> None:
     `_encode` gives; what is built only when used is checked then: see the module's text)."""
     _, hexes, layers, manifests, links, blob_manifests, configs, listing, facts = obj[:9]
     entries, dirs = obj[9:]
-    tables = Tables(hexes, layers, cache._recover)
+    tables = Tables(hexes, layers, _Recovery(cache))
     made = tables.manifest  # each built when first used: store.index.lazy
     cache.manifests = {p: (s, made(k, m, p)) for p, (s, k, m) in manifests.items()}
     cache.blob_manifests = {n: (s, made(k, m, n)) for n, (s, k, m) in blob_manifests.items()}
