@@ -69,10 +69,39 @@ def _gguf_summary(path: Path) -> tuple[list[str], int, int, str] | None:
     return caps, ctx, emb, ftype
 
 
-def _fact(index: StoreIndex, kind: str, hex_: str, compute: Callable[[], T | None]) -> T | None:
+def _fact(
+    index: StoreIndex,
+    kind: str,
+    hex_: str,
+    compute: Callable[[], T | None],
+    valid: Callable[[Any], bool],
+) -> T | None:
     """What a blob's bytes say, from the scan index when it holds it (store.index.scancache:
-    a blob's bytes change only by a rename into blobs/, which the index notices)."""
-    return compute() if index.cache is None else index.cache.fact(kind, hex_, compute)
+    a blob's bytes change only by a rename into blobs/, which the index notices). `valid`:
+    whether a kept answer is of the shape `compute` gives; one that is not is computed again
+    (the index, damaged, is rebuilt)."""
+    if index.cache is None:
+        return compute()
+    return index.cache.fact(kind, hex_, compute, valid)
+
+
+def _is_fields(value: Any) -> bool:
+    """Of _template_fields' shape."""
+    return type(value) is frozenset and set(map(type, value)) <= {str}
+
+
+def _is_summary(value: Any) -> bool:
+    """Of _gguf_summary's shape."""
+    if type(value) is not tuple or len(value) != 4:
+        return False
+    caps, ctx, emb, ftype = value
+    return (
+        type(caps) is list
+        and all(type(c) is str for c in caps)
+        and type(ctx) is int
+        and type(emb) is int
+        and type(ftype) is str
+    )
 
 
 def _template_fields(path: Path) -> frozenset[str] | None:
@@ -113,7 +142,7 @@ def tag_record(index: StoreIndex, entry: Entry, prefer: tuple[str, ...]) -> dict
             projectors += 1
         elif layer.kind in ("prompt", "template"):
             read = partial(_template_fields, blobs / layer.digest.blob_name)
-            found = _fact(index, "template:", layer.digest.hex, read)
+            found = _fact(index, "template:", layer.digest.hex, read, _is_fields)
             if found is None:
                 return None
             vars_ = found
@@ -134,7 +163,7 @@ def tag_record(index: StoreIndex, entry: Entry, prefer: tuple[str, ...]) -> dict
     caps: list[str] = []
     if not remote and model is not None:
         summary = partial(_gguf_summary, blobs / model.digest.blob_name)
-        found_gguf = _fact(index, "gguf:", model.digest.hex, summary)
+        found_gguf = _fact(index, "gguf:", model.digest.hex, summary, _is_summary)
         if found_gguf is not None:
             gguf_caps, gguf_ctx, gguf_emb, gguf_ftype = found_gguf
             caps += gguf_caps

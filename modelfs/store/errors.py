@@ -15,7 +15,9 @@
     ├── LockError                   a lock file (GC, a blob being fetched)
     │   ├── LockBusyError           held by a live owner
     │   └── LockLostError           ours no longer: removed or taken over
-    └── GcRefusedError              GC cannot know what is safe to delete
+    ├── GcRefusedError              GC cannot know what is safe to delete
+    └── DamagedIndexError           an index under `.modelfs/` not of the shape we write,
+                                    found where it cannot be made good (store.index.shape)
 
 Each message is one line that names the file or the value at fault, so the CLI can print it
 as it is and the other layers can map the class to an errno or HTTP status in one place.
@@ -86,3 +88,9 @@ class LockLostError(LockError):
 
 class GcRefusedError(StoreError):
     pass
+
+
+class DamagedIndexError(StoreError):
+    """An index's data, found at its use not to be of the shape we write, that cannot be made
+    good there (a manifest of another kind than its file holds): a scan meeting it starts
+    again without the index; after a scan, the command fails once, and the index is gone."""

@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import stat
+from itertools import chain
 from pathlib import Path
 
 from modelfs.store.collector import cycles_uncollected
@@ -20,6 +21,7 @@ from modelfs.store.disk.prefetch import HEAD, cached, prefetch
 from modelfs.store.disk.tree import STRAY_DIRECTORY as STRAY_DIRECTORY
 from modelfs.store.disk.tree import walk_manifest_tree as walk_manifest_tree
 from modelfs.store.errors import (
+    DamagedIndexError,
     InvalidDigestError,
     InvalidNameError,
     ManifestError,
@@ -46,6 +48,7 @@ from modelfs.store.index.indexfile import Stamp, racy, stamp
 from modelfs.store.index.indexfile import started as scan_started
 from modelfs.store.index.scancache import DirListing, Listing, Parsed, Recipe
 from modelfs.store.index.scancache import ScanCache as ScanCache
+from modelfs.store.index.shape import INT, TEXT, TEXT_OR_NONE, tuples_of, types_in
 from modelfs.store.layout import Layout
 from modelfs.store.manifest import (
     MAX_MANIFEST_BYTES,
@@ -294,6 +297,8 @@ class Scanner:
                 continue
             try:
                 entry = self._read_entry(name, de, v2=v2)
+            except DamagedIndexError:
+                raise  # not this tag's: scan_store starts again without the index
             except StoreError as exc:
                 rel = "/".join((top, *parts))
                 removed = removed_tag(self.layout, de.path) if v2 else None
@@ -327,7 +332,15 @@ class Scanner:
         rel = path[len(self._prefix) :]  # walk_manifest_tree's paths are below the root
         top, mtime_ns, hit = self._parsed_manifest_file(de, rel, v2=v2)
         recipe = self._recipes.get(path) if hit else None
-        recalled = None if recipe is None else self._recalled(top, rel, recipe)
+        recalled = None
+        if recipe is not None:
+            try:
+                recalled = self._recalled(top, rel, recipe)
+            except DamagedIndexError:
+                raise
+            except Exception as exc:  # a recipe of a shape never written: work it out
+                assert self.cache is not None
+                self.cache.damaged(f"a tag's recipe ({type(exc).__name__})")
         if recalled is not None:
             variants, absent = recalled
             self._made[path] = recipe  # type: ignore[assignment]  # not None with recalled
@@ -358,9 +371,20 @@ class Scanner:
         self, top: Parsed, rel: str, recipe: Recipe
     ) -> tuple[tuple[Variant, ...], tuple[ListChild, ...]] | None:
         """A tag's variants and absent children as its recipe has them (scancache.Recipe),
-        touching no manifest: their layers and digests are built when someone asks."""
-        spec, absent_at, problems, _ = recipe
+        touching no manifest: their layers and digests are built when someone asks. None
+        when the recipe does not fit the manifest; raises when it is not of a recipe's shape
+        (and then has done nothing)."""
+        spec, absent_at, problems, missing = recipe
+        # What the recipe hands on as it is is checked here (in this per-tag loop, only what
+        # is there); anything else wrong in it raises below, before anything is done.
+        if missing is not None and (
+            type(missing) is not tuple or (missing and not types_in(missing, TEXT))
+        ):
+            raise TypeError("a recipe's messages")
+        if problems and not types_in(chain.from_iterable(tuples_of(problems, 2)), TEXT):
+            raise TypeError("a recipe's problems")
         absent: tuple[ListChild, ...] = ()
+        met: list[tuple[str, tuple[Stamp, Parsed]]] = []
         if isinstance(top, ManifestList):
             assert self.cache is not None
             known, variants = self.cache.blob_manifests, []
@@ -368,15 +392,24 @@ class Scanner:
                 hit = None if blob is None else known.get(blob)
                 if hit is None or not isinstance(hit[1], Manifest):
                     return None
-                self._blob_met[blob] = hit  # type: ignore[index]  # not None with a hit
+                if type(runner) not in TEXT_OR_NONE or type(fmt) not in TEXT_OR_NONE:
+                    raise TypeError("a recipe's runner")
+                met.append((blob, hit))  # type: ignore[arg-type]  # not None with a hit
                 variants.append(Variant(hit[1], runner, fmt, True))
             if absent_at:
+                if not types_in(absent_at, INT) or min(absent_at) < 0:
+                    raise TypeError("a recipe's absent children")
                 absent = tuple(top.children[i] for i in absent_at)
             made = tuple(variants)
-        elif len(spec) == 1:
-            made = (Variant(top, spec[0][1], spec[0][2], False),)
+        elif len(spec) == 1 and spec[0][0] is None:
+            _, runner, fmt = spec[0]
+            if not ((runner is None or type(runner) is str) and (fmt is None or type(fmt) is str)):
+                raise TypeError("a recipe's runner")
+            made = (Variant(top, runner, fmt, False),)
         else:
             return None
+        if met:
+            self._blob_met.update(met)
         for kind, message in problems:
             self._problem(kind, rel, message)
         return made, absent
@@ -569,6 +602,9 @@ class Scanner:
             else:
                 manifest = self._manifest_blob(child.digest)
             if isinstance(manifest, ManifestList):
+                # One from the index is built first: a kind its data does not hold raises
+                # (store.index.lazy), and the scan starts again without the index.
+                _ = manifest.children
                 self._problem("bad-manifest", rel, f"child {child.digest} is itself a list")
                 continue
             if isinstance(manifest, StoreError):
@@ -629,7 +665,13 @@ def _is_upper_blob(name: str) -> bool:
 def scan_store(root: str | os.PathLike[str] | Layout, cache: ScanCache | None = None) -> StoreIndex:
     layout = root if isinstance(root, Layout) else Layout(root)
     with cycles_uncollected():
-        index = Scanner(layout, cache).scan()
+        try:
+            index = Scanner(layout, cache).scan()
+        except DamagedIndexError:
+            if cache is None:
+                raise
+            cache.drop("a manifest not of its file's kind")  # a full scan, saved below
+            index = Scanner(layout, cache).scan()
     if cache is not None:
         cache.save()
     return index

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from modelfs.store.index.indexfile import racy, read_index, stamp, started, write_index
+from modelfs.store.index.shape import nested_texts, texts
 from modelfs.store.layout import Layout
 
 log = logging.getLogger(__name__)
@@ -55,11 +56,16 @@ class ReachCache:
                 saved_root, files, listing = obj
                 if saved_root == cache.root:
                     cache.files = {p: (tuple(k), tuple(n)) for p, k, n in files}
+                    # Names of the shape written (store.index.shape): GC sorts and compares
+                    # them with those it lists.
+                    nested_texts(n for _, n in cache.files.values())
                     if listing is not None:
                         key, names = listing
                         cache.listing = (tuple(key), tuple(names))
+                        texts(cache.listing[1])
             except (TypeError, ValueError) as exc:
                 why = f"corrupt ({type(exc).__name__})"
+                cache.files, cache.listing = {}, None
         if why is not None:
             log.info("reach index %s: %s; GC reads every manifest and rebuilds it", path, why)
         return cache
