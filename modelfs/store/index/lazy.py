@@ -87,13 +87,13 @@ class Tables:
         return d
 
     def hex(self, i: int) -> str:
+        """The hex of digest number `i` (IndexError as `digest`), no Digest made."""
+        if type(i) is not int or i < 0:
+            raise IndexError("a digest's number")
         hexes = self._hexes
         if hexes is None:
-            hexes = self._hexes = self._hex_text.split("\n")
-        h = hexes[i]
-        if type(h) is not str or len(h) != 64:
-            raise ValueError("not a digest")
-        return h
+            hexes = self._hexes = _checked_hexes(self._hex_text)
+        return hexes[i]
 
     def layer(self, i: int) -> Layer:
         layer = self._layers.get(i)
@@ -324,8 +324,12 @@ def manifest_hex(m: Manifest | ManifestList) -> str:
     else:
         return m.digest.hex
     if type(held) is tuple:  # else made whole meanwhile, by another thread
-        tables, data = held
-        return str(tables.hex(_unpacked(data)[2]))
+        tables, data, _ = held
+        try:
+            t: Any = marshal.loads(data) if type(data) is bytes else data
+            return str(tables.hex(t[2]))
+        except Exception:  # not of its shape: made whole, it is read afresh (see above)
+            pass
     return m.digest.hex
 
 
