@@ -5,15 +5,16 @@ inode numbers are in fsd.nodes; the `llama.cpp/` directories it holds are made b
 fsd.compat_dirs.
 
 A build reads no blob and makes no model directory's content, nor its plan or its blobs'
-nodes (it counts what each model directory will show from its manifest's layers, `_shape`):
-the short-name model directories are placed at once and filled on first use; `.by-name/`,
-`.by-digest/` and `.blobs/` are filled on first use, and so are the model directories in
-them; other tools' layouts (`.lmstudio/`, `.huggingface/hub/`) are laid out when first looked into
-(fsd.tool_dirs). What a listing shows of a directory not filled yet (inode, mtime, link count,
-the link counts of the blobs inside) is settled when the build ends, or worked out when first
-asked: a model directory's own link count, which depends on whether its GGUF gets a
-`llama.cpp/` view, and a blob's places in the tool layouts; filling one changes nothing that
-was shown, it only makes what is inside.
+nodes (it counts what each model directory will show from its manifest's layers, or takes
+those counts from the last build of the same store: fsd.counting): the names under the root
+are placed, the model directories under each made when it is first looked into and filled on
+first use; `.by-name/`, `.by-digest/` and `.blobs/` are filled on first use, and so are the
+model directories in them; other tools' layouts (`.lmstudio/`, `.huggingface/hub/`) are laid
+out when first looked into (fsd.tool_dirs). What a listing shows of a directory not filled yet
+(inode, mtime, link count, the link counts of the blobs inside) is settled when the build
+ends, or worked out when first asked: a model directory's own link count, which depends on
+whether its GGUF gets a `llama.cpp/` view, and a blob's places in the tool layouts; filling
+one changes nothing that was shown, it only makes what is inside.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from modelfs.fsd import counts, heap
 from modelfs.fsd.compat_dirs import CompatDirs
-from modelfs.fsd.counts import Counts
+from modelfs.fsd.counting import Counting
 from modelfs.fsd.nodes import (
     ROOT_INODE,
     BlobNode,
@@ -43,7 +44,7 @@ from modelfs.fsd.nodes import (
     NodeSink,
     SymlinkNode,
 )
-from modelfs.fsd.plan import GGUF_PATHS, ModelPlan, ModelShape
+from modelfs.fsd.plan import ModelPlan
 from modelfs.fsd.tool_dirs import ToolDirs
 from modelfs.store.compat.decisions import Decisions
 from modelfs.store.digest import Digest
@@ -176,7 +177,7 @@ class TreeBuilder:
                 del keyed[key]
 
 
-class _Build(CompatDirs, ToolDirs):
+class _Build(Counting, CompatDirs, ToolDirs):
     """One build: the state that depends on one StoreIndex, kept as long as a lazy directory
     of its tree may still be filled. Nothing here refers back to the tree's nodes (the mount
     is held weakly), so a tree that is no longer served is freed by reference counting."""
@@ -198,28 +199,15 @@ class _Build(CompatDirs, ToolDirs):
         self.texts: dict[Digest, str | None] = {}
         self.modelfiles: dict[tuple[Digest, str], bytes] = {}
         self.blob_nodes: dict[Digest, BlobNode] = {}
-        # Files made from several blobs, one node per build wherever they show, with the
-        # number of places that show them counted while placing (filled or not).
+        # Files made from several blobs, one node per build wherever they show (the places
+        # that show them counted in `merged_links`, fsd.counting).
         self.merged_nodes: dict[tuple[Digest, ...], MergedNode] = {}
-        self.merged_links: dict[tuple[Digest, ...], int] = {}
         self.compat_nodes: dict[tuple[Digest, str], CompatNode] = {}
-        self.gguf_places: dict[Digest, int] = {}
-        self.projector_places: dict[Digest, list[Digest]] = {}
         self.heavy: dict[tuple[Digest, ...], bool] = {}  # see _merge_is_heavy
-        # Counted by the build from manifests' layers (`_count_place`), for the blob nodes
-        # made after it, by the blob's hex: how many model directories show each blob, the
-        # media type it is first met as, and which are shown as a .gguf file. Or all taken
-        # from the last build of the same store (fsd.counts), when `known` is set.
-        self.shapes: dict[Digest, ModelShape] = {}
-        self.placed: dict[Digest, int] = {}  # model directories of each manifest
-        self.place_links: dict[str, int] = {}
-        self.media: dict[str, str] = {}
-        self.gguf_blobs: set[str] = set()
-        self.known: Counts | None = None
         # The model directories each holder (by inode) will hold, while building.
         self.leaves: dict[int, dict[str, tuple[Entry, Variant]]] = {}
-        self.hidden_subdirs = (0, 0)  # the link counts of .by-name/ and .by-digest/, less 2
         self.hex_of = HexOf()  # manifests are named by digest before any is made whole
+        self.init_counting()
         self.nodes: dict[int, Node] | None = {}  # while building; then None
         self.pending: dict[int, Node] = {}  # made lazily before the tree is attached
         self.sink: weakref.ref[NodeSink] | None = None
@@ -349,7 +337,7 @@ class _Build(CompatDirs, ToolDirs):
         if info is None:
             return None
         # Made after the build, when a directory showing it is filled: what it is shown as
-        # and in how many model directories was worked out by the build (`_count_place`).
+        # and in how many model directories was worked out by the build (fsd.counting).
         media_type = self.media.get(digest.hex, media_type)
         node = BlobNode(
             self.inodes.get(("blob", digest)),
@@ -409,54 +397,6 @@ class _Build(CompatDirs, ToolDirs):
                 config = self._blob(manifest.config.digest, manifest.config.media_type)
         plan = ModelPlan(files, shown, missing, config, len(subdirs), _tensor_key(files))
         return self.plans.setdefault(manifest.digest, plan)
-
-    def _shape(self, manifest: Manifest) -> ModelShape:
-        """What a model directory of `manifest` shows, for counting, from its layers: what its
-        plan (`_plan`, made when the directory is filled) gives, without making one."""
-        shape = self.shapes.get(manifest.digest)
-        if shape is not None:
-            return shape
-        size_of = self.index.blob_size  # no stat per blob on a warm start
-        media, gguf = self.media, self.gguf_blobs
-        layers = manifest.layers
-        kinds = [layer.kind for layer in layers]
-        paths: list[str] = []
-        if any(
-            k == "json" and ".gguf" in (x.name or "") for k, x in zip(kinds, layers, strict=True)
-        ):
-            # A json layer may take a GGUF's name, or be a .gguf file: as the plan names them.
-            paths = [f.path for f in model_files(manifest)]
-        else:
-            for kind in kinds:
-                path = GGUF_PATHS.get(kind, "")
-                if path and path in paths:
-                    path = f"-{path}"  # the next of a kind: model-2.gguf, still a .gguf file
-                paths.append(path)
-        shown: list[Digest] = []
-        model = projector = None
-        for layer, path in zip(layers, paths, strict=True):
-            digest = layer.digest
-            size = size_of(digest)
-            if size is None:
-                continue
-            media.setdefault(digest.hex, layer.media_type)  # the first plan to meet it names it
-            if size != layer.size:
-                continue
-            shown.append(digest)
-            if path.endswith(".gguf"):
-                gguf.add(digest.hex)
-                if path == "model.gguf":
-                    model = digest
-                elif path == "mmproj.gguf":
-                    projector = digest
-        config = None
-        if manifest.config is not None and size_of(manifest.config.digest) is not None:
-            config = manifest.config.digest
-            media.setdefault(config.hex, manifest.config.media_type)
-        tensors = tuple(x.digest for k, x in zip(kinds, layers, strict=True) if k == "tensor")
-        shape = ModelShape(tuple(shown), config, tensors, model, projector)
-        self.shapes[manifest.digest] = shape
-        return shape
 
     def _file_node(self, blob: BlobNode) -> Node:
         if self.data == "symlink":
@@ -635,73 +575,6 @@ class _Build(CompatDirs, ToolDirs):
         if tensors and tensors not in self.merged:
             d._prepare = functools.partial(self._prepare_merged, manifest)
         return d
-
-    def _count_place(self, v: Variant) -> None:
-        """Count a model directory in the link counts of what it shows (`_count_places` adds
-        them up when the build ends; a blob's node starts from that). All are counted by the
-        end of the build, filled or not, so no listing ever sees one move."""
-        if self.known is not None:
-            return  # counted by the build these counts were saved from
-        digest = v.manifest.digest
-        shape = self.shapes.get(digest) or self._shape(v.manifest)
-        self.placed[digest] = self.placed.get(digest, 0) + 1
-        if shape.model is not None:
-            self.count_compat_place(shape.model, shape.projector, v)
-
-    def _tensors_of(self, manifest: Manifest) -> tuple[Digest, ...]:
-        """The tensor blobs of a model directory's `model.safetensors`."""
-        if self.known is not None:
-            return self.known.tensors.get(self.hex_of(manifest), ())
-        return (self.shapes.get(manifest.digest) or self._shape(manifest)).tensors
-
-    def _count_places(self) -> None:
-        links = self.place_links
-        for digest, n in self.placed.items():
-            shape = self.shapes[digest]
-            if self.data != "symlink":
-                for blob in shape.shown:
-                    links[blob.hex] = links.get(blob.hex, 0) + n
-            if shape.config is not None:
-                hex_ = shape.config.hex
-                links[hex_] = links.get(hex_, 0) + n
-            if shape.tensors:
-                self.merged_links[shape.tensors] = self.merged_links.get(shape.tensors, 0) + n
-
-    def _counts(self) -> Counts:
-        """What this build counted, to keep for the next (fsd.counts)."""
-        return Counts(
-            self.place_links,
-            self.media,
-            self.gguf_blobs,
-            self.merged_links,
-            self.gguf_places,
-            self.projector_places,
-            {d.hex: s.tensors for d, s in self.shapes.items() if s.tensors},
-            self.hidden_subdirs,
-            self.repos_of_blobs(),
-        )
-
-    def _take_counts(self, known: Counts | None) -> None:
-        """Use the counts of the last build of the same store (`_count_place` then counts
-        nothing); the earlier mounts' llama.cpp decisions of the GGUF blobs they count are
-        marked as still met, as `count_compat_place` does."""
-        if known is None:
-            return
-        self.known = known
-        self.place_links, self.media, self.gguf_blobs = (
-            known.place_links,
-            known.media,
-            known.gguf_blobs,
-        )
-        self.merged_links = known.merged_links
-        self.gguf_places, self.projector_places = known.gguf_places, known.projector_places
-        self.blob_repos = known.blob_repos
-        decisions = self.builder.decisions
-        if decisions is not None:
-            for model in known.gguf_places:
-                decisions.get("model", model)
-            for projector in known.projector_places:
-                decisions.get("mmproj", projector)
 
     def _fill_lazy(self, entry: Entry, v: Variant, d: DirNode) -> None:
         try:
