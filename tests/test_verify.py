@@ -67,10 +67,24 @@ class Model:
         return json.loads(self.raw)["layers"]  # type: ignore[no-any-return]
 
 
-def verify(root: Path, *args: str) -> tuple[int, dict[str, Any], str]:
+# The stores here are written a moment before they are verified, within the verify cache's
+# racy margin (indexfile.RACY_NS), in which a check keeps no cache entry and a --quick after it
+# hashes everything again. So the command runs as it ships but for that margin, at 0; a test
+# of the margin itself passes `racy=True` (the real one).
+NO_RACY_MARGIN = (
+    "import modelfs.store.index.indexfile as f; f.RACY_NS = 0; from modelfs.cli import main; main()"
+)
+
+
+def command(*args: str, racy: bool = False) -> list[str]:
+    """`modelfs *args`, without the racy margin unless `racy`."""
+    return [MODELFS, *args] if racy else [sys.executable, "-c", NO_RACY_MARGIN, *args]
+
+
+def verify(root: Path, *args: str, racy: bool = False) -> tuple[int, dict[str, Any], str]:
     """`modelfs verify --json` as a process: (exit status, report, stderr)."""
     proc = subprocess.run(
-        [MODELFS, "verify", "--store", str(root), "--json", *args],
+        command("verify", "--store", str(root), "--json", *args, racy=racy),
         capture_output=True,
         timeout=120,
         check=False,
@@ -83,7 +97,7 @@ def verify(root: Path, *args: str) -> tuple[int, dict[str, Any], str]:
 
 def verify_text(root: Path, *args: str) -> tuple[int, str]:
     proc = subprocess.run(
-        [MODELFS, "verify", "--store", str(root), *args],
+        command("verify", "--store", str(root), *args),
         capture_output=True,
         timeout=120,
         check=False,
@@ -397,6 +411,53 @@ def test_damaged_cache_is_ignored_with_one_line(tmp_path: Path, damage: bytes) -
     rc, report, err = verify(m.root, "--quick")
     assert rc == 0 and report["checked"]["xxh3_only"] == 4
     assert "verify cache" not in err
+
+
+def test_a_blob_changed_within_the_racy_margin_gets_no_cache_entry(tmp_path: Path) -> None:
+    """A write within one ctime tick after a full check leaves the blob's stamp as it was
+    recorded: so a blob whose ctime is within RACY_NS of its check gets no entry, and the
+    next --quick hashes it, rather than pass it on a stamp that cannot tell."""
+    m = Model(tmp_path / "models")
+    rc, report, _ = verify(m.root, racy=True)  # the blobs were written a moment ago
+    assert rc == 0 and report["checked"]["sha256"] == 4
+    assert VerifyCache.load(m.layout).entries == {}
+    rc, report, _ = verify(m.root, "--quick", racy=True)
+    assert rc == 0 and report["checked"]["sha256"] == 4 and report["checked"]["xxh3_only"] == 0
+    # Out of the margin (0 here), the same blobs are recorded and then pass on their stamps.
+    assert verify(m.root)[0] == 0
+    assert set(VerifyCache.load(m.layout).entries) == {p.name for p in m.layout.blobs.iterdir()}
+    rc, report, _ = verify(m.root, "--quick", racy=True)
+    assert rc == 0 and report["checked"]["xxh3_only"] == 4
+
+
+def test_a_blob_written_while_it_is_hashed_gets_no_cache_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stamp is taken again after the read: a write meanwhile (here after the last byte
+    was hashed, its mtime put back) keeps the blob out of the cache, so --quick hashes it."""
+    import modelfs.store.collect.verify as sv
+    from modelfs.store.index import indexfile
+
+    monkeypatch.setattr(indexfile, "RACY_NS", 0)
+    m = Model(tmp_path / "models")
+    real = sv.hash_fd
+
+    def hash_then_zero(fd: int, **kw: Any) -> sv.Hashes:
+        hashes = real(fd, **kw)
+        if os.fstat(fd).st_ino == m.blob.stat().st_ino:
+            zero_in_place(m.blob)
+        return hashes
+
+    monkeypatch.setattr(sv, "hash_fd", hash_then_zero)
+    report = run_verify(m.root, VerifyOptions(workers=1))
+    monkeypatch.setattr(sv, "hash_fd", real)
+    assert report.ok  # its bytes matched its name when they were read
+    assert set(VerifyCache.load(m.layout).stamps) == {
+        p.name for p in m.layout.blobs.iterdir() if p != m.blob
+    }
+    report = run_verify(m.root, VerifyOptions(quick=True, workers=1))
+    assert [c.name for c in report.corrupt] == [m.digest.blob_name]
+    assert report.sha256 == 1
 
 
 # -- repair -------------------------------------------------------------------------------------

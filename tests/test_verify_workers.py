@@ -34,7 +34,7 @@ from modelfs.store.layout import Layout
 from modelfs.sync.daemon.verify import BATCH_BLOBS
 from tests.builders import TinyStore
 from tests.test_pull import weights
-from tests.test_verify import MODELFS, Model, verify
+from tests.test_verify import Model, command, verify
 
 MiB = 1 << 20
 
@@ -222,7 +222,7 @@ def test_ctrl_c_stops_verify_and_its_workers(tmp_path: Path) -> None:
         with open(m.layout.blobs / f"sha256-{i:064x}", "wb") as f:
             f.truncate(8 << 30)
     proc = subprocess.Popen(
-        [MODELFS, "verify", "--store", str(m.root)],
+        command("verify", "--store", str(m.root)),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,

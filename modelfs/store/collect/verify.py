@@ -9,10 +9,12 @@
 A full check reads a blob once and hashes it with sha256. One that matches its name is recorded
 in the cache with its stat stamp (inode, size, mtime, ctime, all in ns) and, for a blob of
 SAMPLE_FROM bytes or more, the xxh3-128 of a sample of it (SAMPLE_PIECES pieces spread from
-its start to its end, together at most a 16th of it). A quick check trusts a blob whose stamp
-still matches its cache entry, after comparing the xxh3 of the same sample for a large one;
-any other blob gets a full check. The stamp holds ctime, which no program can set back: a
-blob written in place through the filesystem, even with its mtime put back, no longer matches.
+its start to its end, together at most a 16th of it); unless its stamp after the read is not
+the one at the open, or its ctime is within indexfile.RACY_NS of the check. A quick check
+trusts a blob whose stamp still matches its cache entry, after comparing the xxh3 of the same
+sample for a large one; any other blob gets a full check. The stamp holds ctime, which no
+program can set back: a blob written in place through the filesystem, even with its mtime put
+back, no longer matches.
 What a quick check cannot see is damage that does not go through the filesystem's write path
 (a disk or a network server returning other bytes) outside the sample: a full check reads all.
 
@@ -43,6 +45,7 @@ import xxhash
 
 from modelfs.store.disk.fileio import open_stat
 from modelfs.store.disk.owner import make_dirs, write_atomic
+from modelfs.store.index.indexfile import racy
 from modelfs.store.layout import Layout
 
 log = logging.getLogger(__name__)
@@ -312,11 +315,16 @@ def _check_open(
         hashes = hash_fd(fd, size_hint=size, sample=size >= SAMPLE_FROM, stop=stop)
         out.bytes_read += hashes.size
         out.sha256 += 1
-        if hashes.sha256 == name[7:] and hashes.size == size:
-            # Good bytes, whatever happened meanwhile: a write during the read moved the
-            # ctime past the stamp recorded, so the next quick run checks it in full.
-            return CacheEntry(stamp, hashes.sample, verified_at), None
         after = os.fstat(fd)
+        if hashes.sha256 == name[7:] and hashes.size == size:
+            # Good bytes. A cache entry vouches for the file as it is now only if the stamp
+            # taken after the read is the one taken at the open (no write meanwhile), and
+            # if its ctime is older than RACY_NS: a write within the same ctime tick after
+            # the read would leave the stamp as it is (git's "racily clean" rule, as the
+            # scan index keeps it). Such a blob passes, and the next quick run hashes it.
+            if stamp_of(after) != stamp or racy(after.st_ctime_ns, time.time_ns()):
+                return None, None
+            return CacheEntry(stamp, hashes.sample, verified_at), None
     except OSError as exc:
         return None, BlobCheck(name, "unreadable", size, error=_why(exc))
     if stamp_of(after) != stamp or hashes.size != size:
