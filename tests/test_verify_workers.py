@@ -12,6 +12,7 @@ import hashlib
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -329,3 +330,43 @@ def test_a_worker_that_fails_raises_its_error_and_every_worker_ends(
         with pytest.raises(RuntimeError, match="a bug in a worker"):
             pool.run(stop=lambda: False)
     assert all(gone(pid) for pid in pids)
+
+
+class Unpicklable(Exception):
+    """An exception that holds a lock: it cannot cross a pipe."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.lock = threading.Lock()
+
+
+class NeedsTwo(Exception):
+    """One that pickles but does not unpickle (its __init__ takes two arguments)."""
+
+    def __init__(self, what: str, why: str) -> None:
+        super().__init__(f"{what}: {why}")
+
+
+@pytest.mark.parametrize(
+    ("error", "said"),
+    [
+        (Unpicklable("a lock in the way"), "Unpicklable: a lock in the way"),
+        (NeedsTwo("blob", "odd"), "NeedsTwo: blob: odd"),
+    ],
+    ids=["unpicklable", "not-unpicklable"],
+)
+def test_a_worker_error_that_cannot_cross_the_pipe_is_told_by_type_and_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: Exception, said: str
+) -> None:
+    import modelfs.store.collect.workers as sw
+
+    tiny, payloads = many_small(tmp_path / "models", 4)
+    units: list[Any] = [([Digest.of_bytes(p).blob_name], None) for p in payloads]
+
+    def broken(*args: object, **kw: object) -> object:
+        raise error
+
+    monkeypatch.setattr(sw, "check_batch", broken)
+    with Workers(tiny.layout, units, 2) as pool, pytest.raises(WorkerError) as raised:
+        pool.run(stop=lambda: False)
+    assert str(raised.value) == f"a verify worker failed: {said}"

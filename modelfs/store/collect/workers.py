@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import pickle
 import signal
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection, wait
@@ -108,11 +109,22 @@ def _serve(conn: Connection, root: str, units: Sequence[Unit], shared: _Shared) 
     except Interrupted:
         return
     except Exception as exc:  # a bug: said to the parent, which raises it
-        reply = exc
+        reply = _sendable(exc)
     try:
         conn.send(reply)
     finally:
         conn.close()
+
+
+def _sendable(exc: Exception) -> Exception:
+    """`exc`, or where it would not come through a pipe (an attribute that does not pickle,
+    an __init__ its arguments do not fit), a WorkerError with its type and message: without
+    it, the parent saw only "a verify worker process died"."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:
+        return WorkerError(f"a verify worker failed: {type(exc).__qualname__}: {exc}")
+    return exc
 
 
 class Workers:
