@@ -30,7 +30,7 @@ from modelfs.store.collect.verify import (
     sample_pieces,
 )
 from modelfs.store.collect.workers import WorkerError, Workers
-from modelfs.store.digest import Digest
+from modelfs.store.digest import Digest, is_blob_name
 from modelfs.store.layout import Layout
 from modelfs.sync.daemon.verify import BATCH_BLOBS
 from tests.builders import TinyStore
@@ -102,6 +102,71 @@ def test_quick_catches_a_small_blob_changed_in_place_by_its_ctime(tmp_path: Path
     # Only that blob was read: the others passed on their stamps alone.
     assert report["checked"]["sha256"] == 1
     assert report["checked"]["bytes_read"] == len(payloads[3])
+
+
+def findings(report: dict[str, Any]) -> dict[str, Any]:
+    """What a report says of the store, but for how its blobs were checked."""
+    keys = ("ok", "problems", "corrupt", "missing", "orphaned", "stray", "misnamed")
+    return {
+        **{k: report[k] for k in (*keys, "bad_manifests")},
+        "blobs": report["checked"]["blobs"],
+        "bytes": report["checked"]["bytes"],
+    }
+
+
+def test_quick_reports_the_store_as_a_full_run_does(tmp_path: Path) -> None:
+    """All that a full run reports but the bytes of unchanged blobs is --quick's too, after
+    blobs/ changed since the last full check (a blob new, one gone, one misnamed, strays, a
+    link and a directory under blob names) and again while blobs/ stays as it was (when the
+    listing the cache recorded is used)."""
+    tiny, payloads = many_small(tmp_path / "models", 3 * BATCH_BLOBS)
+    other = Digest.of_bytes(b"other weights")
+    tiny.gguf_model("other:1", payload=b"other weights")
+    tiny.legacy("bad:1", b"")  # a zero-length manifest, as a full disk leaves it
+    assert verify(tiny.root)[0] == 1
+    blobs = tiny.layout.blobs
+    gone = Digest.of_bytes(payloads[5])
+    (blobs / gone.blob_name).unlink()  # a blob a manifest names: missing
+    tiny.blob(b"an orphan added since")
+    (blobs / f"{Digest('1' * 64).blob_name}-partial").write_bytes(bytes(123))
+    os.symlink("/etc/hostname", blobs / Digest("2" * 64).blob_name)
+    (blobs / Digest("3" * 64).blob_name).mkdir()
+    os.rename(blobs / other.blob_name, blobs / f"sha256:{other.hex}")
+    flip_in_place(tiny.layout.blob(Digest.of_bytes(payloads[7])), 3)
+
+    rc, quick, _ = verify(tiny.root, "--quick")
+    assert rc == 1
+    assert quick["checked"]["sha256"] == 2  # the new blob, the changed one
+    assert [c["blob"] for c in quick["corrupt"]] == [
+        f"blobs/{Digest.of_bytes(payloads[7]).blob_name}"
+    ]
+    rc, again, _ = verify(tiny.root, "--quick")  # blobs/ as the last run listed it
+    assert rc == 1 and again["checked"]["sha256"] == 0
+    rc, full, _ = verify(tiny.root)
+    assert rc == 1
+    assert findings(again) == findings(full)
+    # The first quick run found the changed blob corrupt and moved it: the later runs call
+    # it missing. Of the rest, it said what they say.
+    bad = str(Digest.of_bytes(payloads[7]))
+    first = findings(quick)
+    assert first["missing"] == [m for m in full["missing"] if m["digest"] != bad]
+    assert first["blobs"] == full["checked"]["blobs"] + 1
+    for key in ("orphaned", "stray", "misnamed", "bad_manifests"):
+        assert first[key] == full[key], key
+    # What each of those is.
+    assert {m["digest"] for m in full["missing"]} == {str(gone), str(other), bad}
+    assert [m["path"] for m in full["misnamed"]] == [f"blobs/sha256:{other.hex}"]
+    assert [p["path"] for p in full["bad_manifests"]] == [
+        "manifests/registry.ollama.ai/library/bad/1"
+    ]
+    assert f"blobs/{Digest('1' * 64).blob_name}-partial" in [
+        f["path"] for f in full["stray"]["files"]
+    ]
+    assert [o["blob"] for o in full["orphaned"]["blobs"]] == [
+        f"blobs/{Digest.of_bytes(b'an orphan added since').blob_name}"
+    ]
+    regular = [p for p in blobs.iterdir() if is_blob_name(p.name) and not p.is_symlink()]
+    assert full["checked"]["blobs"] == len([p for p in regular if p.is_file()])
 
 
 # -- what --quick cannot catch, as docs/gc.md says ---------------------------------------------

@@ -43,6 +43,7 @@ from typing import NamedTuple
 
 import xxhash
 
+from modelfs.store.digest import is_blob_name
 from modelfs.store.disk.fileio import open_stat
 from modelfs.store.disk.owner import make_dirs, write_atomic
 from modelfs.store.index.indexfile import racy
@@ -341,6 +342,111 @@ def _check_open(
     return None, check
 
 
+NO_STAMP = (0, 0, 0, 0)  # the stamp of a name with no cache entry: no file has inode 0
+
+
+class Look(NamedTuple):
+    """A run of names as `blobs/` listed them, for a quick check: their cached stamps (4 ints
+    a name, 0s for none) and the samples of those that have one, by position in the run."""
+
+    names: list[str]
+    cached: array.array[int]
+    samples: dict[int, str]
+
+
+@dataclass(slots=True)
+class Looked:
+    """What a quick look found of a Look's names, by position: `stamps` as lstat gives them
+    now (0s for a name that is not a regular file under a blob name: the scan reports those);
+    `changed`: the blobs whose stamp is not the cached one, for a full check; `sampled`: the
+    check of those at `sampled_at` whose stamp matched and which have a sample."""
+
+    stamps: array.array[int]
+    changed: list[int] = field(default_factory=list)
+    left: list[int] = field(default_factory=list)  # not regular files under blob names
+    sampled_at: list[int] = field(default_factory=list)
+    sampled: Batch | None = None
+    blobs: int = 0  # regular files under blob names
+    bytes: int = 0
+
+
+def look_batch(
+    dir_fd: int | None, look: Look, root: str, *, stop: Callable[[], bool] | None = None
+) -> Looked:
+    """Stat each name of `look` in blobs/ (open as `dir_fd`; by path under `root` when None)
+    and compare the stamps with the cached ones: equal lists (the whole run unchanged since it
+    was recorded) compare in C. A blob whose stamp matches and that has a sample gets the quick
+    check of its sample here; one whose stamp differs is left for a full check."""
+    names, cached = look.names, look.cached
+    paths = names if dir_fd is not None else [f"{root}/blobs/{n}" for n in names]
+    lstat = os.stat
+    gone: list[int] = []  # positions lstat failed for (gone since the listing)
+    try:
+        sts: list[os.stat_result | None] = [
+            lstat(p, dir_fd=dir_fd, follow_symlinks=False) for p in paths
+        ]
+    except OSError:
+        sts = [_lstat(p, dir_fd) for p in paths]
+        gone = [i for i, st in enumerate(sts) if st is None]
+    now: array.array[int] = array.array("q")
+    put = now.extend
+    for st in sts:
+        put(NO_STAMP if st is None else (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    out = Looked(now)
+    if now != cached:
+        out.changed = _differ(now, cached)
+    if gone:  # a blob's full check says what became of it (its stamp may be 0s, as cached)
+        out.changed = sorted(set(out.changed).union(gone))
+    for i in out.changed:
+        st = sts[i]
+        if (st is not None and not stat.S_ISREG(st.st_mode)) or not is_blob_name(names[i]):
+            out.left.append(i)
+            now[4 * i : 4 * i + 4] = array.array("q", NO_STAMP)
+    if out.left:
+        left = set(out.left)
+        out.changed = [i for i in out.changed if i not in left]
+    out.blobs = len(names) - len(out.left)
+    out.bytes = sum(now[1::4])
+    if look.samples:
+        changed = set(out.changed)
+        out.sampled_at = [i for i in look.samples if i not in changed]
+        entries: list[CacheEntry | None] = [
+            CacheEntry(_stamp_at(cached, i), look.samples[i], 0) for i in out.sampled_at
+        ]
+        out.sampled = check_batch(
+            dir_fd, [names[i] for i in out.sampled_at], root, entries, stop=stop
+        )
+    return out
+
+
+def _lstat(path: str, dir_fd: int | None) -> os.stat_result | None:
+    try:
+        return os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return None  # gone since it was listed: its full check says so
+
+
+def _stamp_at(flat: array.array[int], i: int) -> Stamp:
+    a, b, c, d = flat[4 * i : 4 * i + 4]
+    return (a, b, c, d)
+
+
+def _differ(now: array.array[int], cached: array.array[int], block: int = 64) -> list[int]:
+    """The positions whose stamps differ: blocks of stamps compared whole (in C), and only a
+    block that differs looked into (a few changed blobs, or strays, among thousands)."""
+    out = []
+    step = 4 * block
+    for start in range(0, len(now), step):
+        a, b = now[start : start + step], cached[start : start + step]
+        if a != b:
+            out += [
+                start // 4 + i
+                for i in range(len(a) // 4)
+                if a[4 * i : 4 * i + 4] != b[4 * i : 4 * i + 4]
+            ]
+    return out
+
+
 def check_blob(
     path: str | os.PathLike[str],
     cached: CacheEntry | None,
@@ -387,22 +493,87 @@ def _why(exc: OSError) -> str:
 
 # -- the cache ---------------------------------------------------------------------------------
 class VerifyCache:
-    """`<store>/.modelfs/verify/cache.json`: per blob name, its CacheEntry, held in columns
-    (`stamps`, `samples`, `times`: dicts by name). A file that cannot be read or parsed is
-    ignored with one warning (every blob then gets a full check).
+    """`<store>/.modelfs/verify/cache.json`: per blob name, its CacheEntry. Held in columns as
+    the file has them: `names` as the listing of blobs/ that saved it gave them (every name it
+    gave, so that the next listing of an unchanged directory is the same list, compared whole),
+    `flat` their stamps (4 ints a name, all 0 for a name with no entry: a stray, a blob that
+    failed), `at` their check times, and `samples` by name; `listed`: blobs/'s (inode, mtime_ns)
+    when it was listed, if that was out of the racy margin (a name comes or goes only by a
+    create, rename or unlink there, each of which moves its mtime: while it is the same, so is
+    the listing). `stamps` and `times` are the same
+    as dicts by name (of the names with an entry), made when first asked for; once made, they
+    are what `put`, `same` and `save` go by. A file that cannot be read or parsed is ignored
+    with one warning (every blob then gets a full check).
 
-    The file is one JSON object, in columns too, as a store has tens of thousands of blobs
-    and a verify that takes a tenth of a second has no time to parse or write an object for
-    each: `{"version": 2, "names": [...], "stamps": base64 of 4 little-endian int64 per name
-    (inode, size, mtime_ns, ctime_ns), "verified_at": base64 of one int64 per name (Unix
-    seconds), "samples": {name: hex xxh3-128}}` (samples: blobs of SAMPLE_FROM bytes or more).
+    The file is one JSON object, as a store has tens of thousands of blobs and a verify that
+    takes a tenth of a second has no time to parse or write an object for each: `{"version":
+    2, "names": [...], "stamps": base64 of 4 little-endian int64 per name (inode, size,
+    mtime_ns, ctime_ns; 0s: no entry), "verified_at": base64 of one int64 per name (Unix
+    seconds), "samples": {name: hex xxh3-128}, "listed": [inode, mtime_ns] or null}` (samples:
+    blobs of SAMPLE_FROM bytes or more).
     """
 
     def __init__(self, layout: Layout) -> None:
         self.layout = layout
-        self.stamps: dict[str, Stamp] = {}
+        self.names: list[str] = []
+        self.flat: array.array[int] = array.array("q")
+        self.at: array.array[int] = array.array("q")
         self.samples: dict[str, str] = {}
-        self.times: dict[str, int] = {}
+        self.listed: tuple[int, int] | None = None
+        self._stamps: dict[str, Stamp] | None = None
+        self._times: dict[str, int] | None = None
+
+    @classmethod
+    def of_columns(
+        cls,
+        layout: Layout,
+        names: list[str],
+        flat: array.array[int],
+        at: array.array[int],
+        samples: dict[str, str],
+        listed: tuple[int, int] | None,
+    ) -> VerifyCache:
+        cache = cls(layout)
+        cache.names, cache.flat, cache.at, cache.samples = names, flat, at, samples
+        cache.listed = listed
+        return cache
+
+    def _dicts(self) -> tuple[dict[str, Stamp], dict[str, int]]:
+        if self._stamps is None or self._times is None:
+            it = iter(self.flat)
+            stamps: dict[str, Stamp] = {}
+            times: dict[str, int] = {}
+            for name, stamp, at in zip(
+                self.names, zip(it, it, it, it, strict=True), self.at, strict=True
+            ):
+                if stamp[0]:  # no file has inode 0: a name with no entry
+                    stamps[name] = stamp
+                    times[name] = at
+            self._stamps, self._times = stamps, times
+        return self._stamps, self._times
+
+    @property
+    def stamps(self) -> dict[str, Stamp]:
+        return self._dicts()[0]
+
+    @property
+    def times(self) -> dict[str, int]:
+        return self._dicts()[1]
+
+    def aligned(self, names: list[str]) -> tuple[array.array[int], array.array[int]]:
+        """The stamps (4 a name, 0s: no entry) and check times of `names`, by position: the
+        columns as they are when `names` is the listing they were saved under (a directory
+        not changed since lists the same), else gathered by name."""
+        if self._stamps is None and names == self.names:
+            return self.flat, self.at
+        stamps, times = self._dicts()
+        flat: array.array[int] = array.array("q")
+        at: array.array[int] = array.array("q")
+        none = (0, 0, 0, 0)
+        for name in names:
+            flat.extend(stamps.get(name, none))
+            at.append(times.get(name, 0))
+        return flat, at
 
     def get(self, name: str) -> CacheEntry | None:
         stamp = self.stamps.get(name)
@@ -424,10 +595,19 @@ class VerifyCache:
         return {name: e for name in self.stamps if (e := self.get(name)) is not None}
 
     def same(self, other: VerifyCache) -> bool:
-        return (self.stamps, self.samples, self.times) == (
-            other.stamps,
-            other.samples,
+        """The same entries, in columns of the same order (what the next listing compares)."""
+        if self._stamps is None and other._stamps is None:
+            return (self.names, self.flat, self.at, self.samples, self.listed) == (
+                other.names,
+                other.flat,
+                other.at,
+                other.samples,
+                other.listed,
+            )
+        return (list(self.stamps.items()), self.times, self.samples) == (
+            list(other.stamps.items()),
             other.times,
+            other.samples,
         )
 
     @staticmethod
@@ -458,6 +638,7 @@ class VerifyCache:
             if not isinstance(doc, dict) or doc.get("version") != CACHE_VERSION:
                 raise ValueError(f"not a version {CACHE_VERSION} cache")
             cache._read(doc["names"], doc["stamps"], doc["verified_at"], doc["samples"])
+            cache.listed = _listed(doc.get("listed"))
         except (ValueError, KeyError, TypeError, RecursionError) as exc:
             # RecursionError: json nests without bound (`[[[[...` of a few hundred KB).
             log.warning("verify cache %s is damaged (%s); ignoring it", path, exc)
@@ -475,23 +656,28 @@ class VerifyCache:
             if not isinstance(sample, str) or len(sample) != 32:
                 raise ValueError(f"the sample of {name} is not 32 hex digits")
             int(sample, 16)
-        it = iter(flat)
-        self.stamps = dict(zip(names, zip(it, it, it, it, strict=True), strict=True))
-        self.times = dict(zip(names, at, strict=True))
-        self.samples = samples
         # A large blob's entry without a sample (or a small one's with one) was not written
         # by this code: such a blob gets a full check.
-        for name in [n for n, s in self.stamps.items() if (s[1] >= SAMPLE_FROM) != (n in samples)]:
-            del self.stamps[name]
-            self.samples.pop(name, None)
+        large = [i for i, size in enumerate(flat[1::4]) if size >= SAMPLE_FROM]
+        good = {names[i] for i in large if names[i] in samples}
+        odd = [i for i in large if names[i] not in good]
+        if len(good) != len(samples):
+            odd += [i for i, n in enumerate(names) if n in samples and n not in good]
+        for i in odd:
+            flat[4 * i : 4 * i + 4] = array.array("q", bytes(32))
+        self.names, self.flat, self.at = names, flat, at
+        self.samples = samples if len(good) == len(samples) else {n: samples[n] for n in good}
 
     def save(self) -> bool:
         """Write atomically (temp file in the same directory, fsync, rename); False, with a
         warning, where the store cannot be written (a read-only store can still be verified)."""
         path = self.path
-        names = list(self.stamps)
-        flat = array.array("q", itertools.chain.from_iterable(self.stamps.values()))
-        at = array.array("q", map(self.times.__getitem__, names))
+        if self._stamps is None or self._times is None:
+            names, flat, at = self.names, array.array("q", self.flat), array.array("q", self.at)
+        else:
+            names = list(self._stamps)
+            flat = array.array("q", itertools.chain.from_iterable(self._stamps.values()))
+            at = array.array("q", map(self._times.__getitem__, names))
         if sys.byteorder == "big":
             flat.byteswap()
             at.byteswap()
@@ -500,7 +686,11 @@ class VerifyCache:
             "names": names,
             "stamps": base64.b64encode(flat.tobytes()).decode(),
             "verified_at": base64.b64encode(at.tobytes()).decode(),
-            "samples": {n: self.samples[n] for n in names if n in self.samples},
+            "samples": {n: s for n, s in self.samples.items() if n in self.stamps}
+            if self._stamps is not None
+            else self.samples,
+            # The names are the listing only while they are the columns as they came.
+            "listed": self.listed if self._stamps is None else None,
         }
         data = json.dumps(doc, separators=(",", ":")).encode() + b"\n"
         try:
@@ -509,6 +699,14 @@ class VerifyCache:
             log.warning("cannot write the verify cache %s: %s", path, _why(exc))
             return False
         return True
+
+
+def _listed(value: object) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) != 2 or not all(type(v) is int for v in value):
+        raise ValueError("`listed` is not [inode, mtime_ns]")
+    return (value[0], value[1])
 
 
 def _int64s(text: object, count: int, what: str) -> array.array[int]:

@@ -161,9 +161,13 @@ def survey(index: StoreIndex, reach: Reach) -> Survey:
             known.add(problem.path)
             out.bad_manifests.append((problem.path, problem.message))
 
+    # The scan checked each tag's blobs by the same sizes (a warm scan recalls what it found
+    # while blobs/ is unchanged): only a tag it found lacking is looked into, for what and
+    # whose (a store of thousands of blobs has no time for a Layer object of each).
+    lacking = {p.path for p in index.problems if p.kind == "missing-blob"}
     seen: set[tuple[Digest, str]] = set()
     for entry, variant, owner in _owners(index):
-        if variant is None:
+        if variant is None or entry.rel not in lacking:
             continue
         sizes = variant.manifest.blob_sizes()
         for digest in sizes:

@@ -2,14 +2,14 @@
 `blobs/`, under `.modelfs/reach-index`, so a GC plan re-reads only the tag files that changed
 and lists `blobs/` again only when it changed.
 
-Only the plan uses it: the look GC takes just before it moves anything (`leases_and_reach`)
-reads every manifest afresh, as it always did. And the plan still lists every tag file and
-looks at each: a file's names are used only while it is as it was, by its stamp (inode, size,
-mtime_ns, ctime_ns; Ollama rewrites a manifest in place, ollama/ollama fb30760
-manifest/manifest.go:159, so the ctime is what moves), and for a `manifests-v2/` link by the
-link's stamp and the stamp of the file it lands on. A manifest list is not kept (what it keeps
-depends on which of its children are present), nor anything that could not be read: those are
-read every time. The file is indexfile's.
+Only the plan and `modelfs verify` (which moves nothing for it) use it: the look GC takes just
+before it moves anything (`leases_and_reach`) reads every manifest afresh, as it always did. And
+the plan still lists every tag file and looks at each: a file's names are used only while it is
+as it was, by its stamp (inode, size, mtime_ns, ctime_ns; Ollama rewrites a manifest in place,
+ollama/ollama fb30760 manifest/manifest.go:159, so the ctime is what moves), and for a
+`manifests-v2/` link by the link's stamp and the stamp of the file it lands on. A manifest list
+is not kept (what it keeps depends on which of its children are present), nor anything that
+could not be read: those are read every time. The file is indexfile's.
 """
 
 from __future__ import annotations
@@ -107,8 +107,11 @@ class ReachCache:
             self._listing = (key, tuple(names))
         return names
 
-    def save(self) -> None:
-        """Leave for the next plan what this one met; written only when that changed."""
+    def save(self, *, listed: bool = True) -> None:
+        """Leave for the next plan what this one met; written only when that changed.
+        `listed=False`: this look did not list blobs/ (`verify`): the listing stays."""
+        if not listed:
+            self._listing = self.listing
         # Compared whole: a file too new to keep (racy) is read each time, and not news.
         changed = self._met != self.files or self._listing is not self.listing
         self.files, self._met = self._met, {}

@@ -26,7 +26,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -36,16 +36,24 @@ import trio
 from modelfs.store.collect.gc import GcPolicy
 from modelfs.store.collect.reach import reachable
 from modelfs.store.collect.verify import (
-    SAMPLE_PIECE,
-    SAMPLE_PIECES,
-    Batch,
     BlobCheck,
-    CacheEntry,
-    Stamp,
     VerifyCache,
     drop_quarantined,
     quarantined,
-    stamp_of,
+)
+from modelfs.store.collect.verify_plan import (
+    BATCH_BLOBS as BATCH_BLOBS,
+)
+from modelfs.store.collect.verify_plan import (
+    Tally,
+    full_units,
+    list_blobs,
+    list_names,
+    quick_units,
+    second_round,
+    seen,
+    settle_full,
+    settle_quick,
 )
 from modelfs.store.collect.verify_report import (
     Corrupt,
@@ -56,8 +64,9 @@ from modelfs.store.collect.verify_report import (
     gc_keeps,
     survey,
 )
-from modelfs.store.collect.workers import Unit, Workers
+from modelfs.store.collect.workers import Result, Workers
 from modelfs.store.digest import Digest, is_blob_name
+from modelfs.store.index.reachcache import ReachCache
 from modelfs.store.layout import Layout
 from modelfs.store.scan import ScanCache, scan_store
 from modelfs.store.units import counted, human_bytes
@@ -79,132 +88,32 @@ class VerifyOptions:
     read_timeout: float | None = None  # for --repair-from peers; None: pull's default
 
 
-def _list_blobs(layout: Layout) -> list[tuple[str, Stamp]]:
-    """(name, stat stamp) of every regular file under a canonical blob name, largest first."""
-    out = []
-    try:
-        # Open, so that each entry's stat is by name in it, not a walk from the root.
-        dir_fd = os.open(layout.blobs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return []
-    try:
-        with os.scandir(dir_fd) as it:
-            for de in it:
-                if is_blob_name(de.name) and de.is_file(follow_symlinks=False):
-                    try:
-                        out.append((de.name, stamp_of(de.stat(follow_symlinks=False))))
-                    except OSError:
-                        out.append((de.name, (0, 0, 0, 0)))  # its check will say why
-    finally:
-        os.close(dir_fd)
-    out.sort(key=lambda item: -item[1][1])
-    return out
-
-
-BATCH_BYTES = 8 << 20  # small blobs go to a worker together, up to this many bytes…
-BATCH_BLOBS = 512  # …or this many: a hand-off costs as much as checking a few small blobs
-
-
-@dataclass(slots=True)
-class Plan:
-    """What to check: units for the workers (largest first), and the blobs a quick run
-    passes on their stat stamp alone, with no read (their cache entries kept)."""
-
-    units: list[Unit] = field(default_factory=list)
-    kept: list[str] = field(default_factory=list)
-    kept_bytes: int = 0
-
-
-def _plan(blobs: list[tuple[str, Stamp]], cache: VerifyCache, quick: bool) -> Plan:
-    plan = Plan()
-    stamps = cache.stamps if quick else {}
-    names: list[str] = []
-    cached: list[CacheEntry | None] = []
-    size = 0
-
-    def cut() -> None:
-        nonlocal names, cached, size
-        if names:
-            plan.units.append((names, cached if quick else None))
-            names, cached, size = [], [], 0
-
-    for name, stamp in blobs:
-        cost = stamp[1]
-        entry = None
-        if stamps.get(name) == stamp:
-            entry = cache.get(name)
-            if entry is None or entry.sample is None:
-                plan.kept.append(name)
-                plan.kept_bytes += cost
-                continue
-            cost = SAMPLE_PIECE * SAMPLE_PIECES
-        if cost >= BATCH_BYTES:
-            plan.units.append(([name], [entry] if quick else None))
-            continue
-        if names and (size + cost > BATCH_BYTES or len(names) >= BATCH_BLOBS):
-            cut()
-        names.append(name)
-        cached.append(entry)
-        size += cost
-    cut()
-    return plan
-
-
-async def _check_all(pool: Workers, plan: Plan, total: tuple[int, int]) -> list[Batch]:
-    """Wait for the workers (in a thread, so a scan can run meanwhile)."""
+async def _run(pool: Workers, progress: tuple[int, int], total: tuple[int, int]) -> list[Result]:
+    """Wait for the workers (in a thread, so a scan can run meanwhile); `progress`: the blobs
+    and bytes done before them."""
     stop = threading.Event()  # set by in_thread when we are cancelled (Ctrl-C)
 
-    async def progress() -> None:
+    async def progress_lines() -> None:
         while True:
             await trio.sleep(PROGRESS_EVERY)
             blobs, size = pool.progress()
             log.info(
                 "verified %.1f of %.1f GB (%d of %d blobs)",
-                (size + plan.kept_bytes) / 1e9,
+                (size + progress[1]) / 1e9,
                 total[1] / 1e9,
-                blobs + len(plan.kept),
+                blobs + progress[0],
                 total[0],
             )
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(progress)
+        nursery.start_soon(progress_lines)
         results = await in_thread(partial(pool.run, stop=stop.is_set), stop=stop)
         nursery.cancel_scope.cancel()
     return results
 
 
-def _settle(
-    layout: Layout,
-    report: Report,
-    plan: Plan,
-    batches: list[Batch],
-    cache: VerifyCache,
-    found: Survey,
-) -> None:
-    """Fill the report from the checks (corrupt blobs already quarantined), update the cache."""
-    new = VerifyCache(layout)
-    for name in plan.kept:
-        new.stamps[name] = cache.stamps[name]
-        new.times[name] = cache.times[name]
-    report.blobs = len(plan.kept) + sum(len(names) for names, _ in plan.units)
-    report.xxh3_only = len(plan.kept)
-    report.bytes = plan.kept_bytes
-    problems: list[BlobCheck] = []
-    for (names, _), batch in zip(plan.units, batches, strict=True):
-        report.bytes += batch.bytes
-        report.bytes_read += batch.bytes_read
-        report.sha256 += batch.sha256
-        report.xxh3_only += batch.xxh3_only
-        passed = [(n, s) for n, s in zip(names, batch.stamps, strict=True) if s is not None]
-        new.stamps.update(passed)
-        new.times.update((n, batch.verified_at) for n, _ in passed)
-        new.samples.update((names[i], sample) for i, sample in batch.samples.items())
-        for i in batch.kept:
-            name = names[i]
-            new.times[name] = cache.times[name]
-            if name in cache.samples:
-                new.samples[name] = cache.samples[name]
-        problems += batch.problems
+def _problems(layout: Layout, report: Report, problems: list[BlobCheck], found: Survey) -> None:
+    """Fill the report from what the checks found (corrupt blobs already quarantined)."""
     owners = found.owners(
         {Digest(c.name.removeprefix("sha256-")) for c in problems if c.status == "corrupt"}
     )
@@ -229,61 +138,124 @@ def _settle(
                 corrupt.error = check.quarantine_error or "not quarantined"
                 log.error("blobs/%s is corrupt; %s", name, corrupt.error)
             report.corrupt.append(corrupt)
-    if not new.same(cache):  # a quick run that found nothing new writes nothing
-        report.cache_written = new.save()
+
+
+def _look(layout: Layout) -> Survey:
+    """The store besides blob bytes: with the scan index, as `ls` scans (which models own
+    which blobs: this run checks every blob's bytes itself, so nothing it trusts goes
+    unchecked), and with the reach index, as a GC plan reads manifests."""
+    index = scan_store(layout, ScanCache.open(layout))
+    cache = ReachCache.open(layout)
+    reach = reachable(layout, cache=cache)
+    cache.save(listed=False)
+    return survey(index, reach)
+
+
+@dataclass(slots=True)
+class _Checked:
+    tally: Tally
+    cache: VerifyCache | None  # to save (None: the cache on disk says it all)
+    # The blobs (regular files under blob names) this run saw whose names are not in the
+    # set given, with their sizes.
+    others: Callable[[set[str]], list[tuple[str, int]]]
+
+
+async def _check_full(layout: Layout, options: VerifyOptions, found: list[Survey]) -> _Checked:
+    listing = await trio.to_thread.run_sync(list_blobs, layout)
+    total = (len(listing.blobs), sum(stamp[1] for _, stamp in listing.blobs))
+    _starting(total, "full sha256", options)
+    units = full_units(listing.blobs)
+    # Forked here, before the scan's thread starts (a fork copies no other thread, and a lock
+    # one held would stay held in the child), and they start at once; the scan runs meanwhile.
+    with Workers(layout, units, options.workers) as pool:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_survey, layout, found)
+            results = await _run(pool, (0, 0), total)
+    tally, cache = await trio.to_thread.run_sync(settle_full, layout, listing, units, results)
+
+    def others(known: set[str]) -> list[tuple[str, int]]:
+        return [(n, s[1]) for n, s in listing.blobs if n not in known]
+
+    return _Checked(tally, cache, others)
+
+
+async def _check_quick(layout: Layout, options: VerifyOptions, found: list[Survey]) -> _Checked:
+    old = await trio.to_thread.run_sync(VerifyCache.load, layout)
+    names, key = await trio.to_thread.run_sync(list_names, layout, old)
+    plan = quick_units(names, key, old)
+    # Sizes come from the workers' stats: the cache's say what to expect (progress lines).
+    total = (len(names), sum(plan.flat[1::4]))
+    _starting(total, "quick (stat stamps and samples against the last full check)", options)
+    with Workers(layout, plan.looks, options.workers) as pool:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_survey, layout, found)
+            looked = await _run(pool, (0, 0), total)
+    first = seen(plan, looked)
+    units = second_round(plan, first)
+    results: list[Result] = []
+    if units:
+        log.info(
+            "%s changed or new since the last full check: checking them in full",
+            counted(len(first.changed), "blob"),
+        )
+        with Workers(layout, units, options.workers) as pool:
+            results = await _run(pool, (len(names) - len(first.changed), 0), total)
+    tally, cache = await trio.to_thread.run_sync(
+        settle_quick, layout, plan, old, looked, first, units, results
+    )
+
+    def others(known: set[str]) -> list[tuple[str, int]]:
+        # Set operations in C first: most names are known, and few are left to look at.
+        left = set(names).difference(known)
+        if not left:
+            return []
+        stamps, out = first.stamps, []
+        for i, name in enumerate(names):
+            if name in left and i not in first.left and is_blob_name(name):
+                out.append((name, stamps[4 * i + 1]))
+        return out
+
+    return _Checked(tally, None if cache.same(old) else cache, others)
+
+
+def _starting(total: tuple[int, int], how: str, options: VerifyOptions) -> None:
+    log.info(
+        "verifying %d blobs (%s), %s, %d at a time",
+        total[0],
+        human_bytes(total[1]),
+        how,
+        options.workers,
+    )
+
+
+async def _survey(layout: Layout, found: list[Survey]) -> None:
+    found.append(await trio.to_thread.run_sync(_look, layout))
 
 
 async def verify(layout: Layout, options: VerifyOptions | None = None) -> Report:
     options = options or VerifyOptions()
     t0 = time.monotonic()
-    mode = "quick" if options.quick else "full"
-    report = Report(layout.root, mode)
-
-    blobs = await trio.to_thread.run_sync(_list_blobs, layout)
-    # A full run trusts nothing of the cache: it writes a new one.
-    cache = (
-        await trio.to_thread.run_sync(VerifyCache.load, layout)
-        if options.quick
-        else VerifyCache(layout)
-    )
-    total = (len(blobs), sum(stamp[1] for _, stamp in blobs))
-    log.info(
-        "verifying %d blobs (%s), %s, %d at a time",
-        len(blobs),
-        human_bytes(total[1]),
-        "quick (stat stamps and samples against the last full check)"
-        if options.quick
-        else "full sha256",
-        options.workers,
-    )
-    plan = _plan(blobs, cache, options.quick)
+    report = Report(layout.root, "quick" if options.quick else "full")
     found: list[Survey] = []
-
-    async def look() -> None:
-        # With the scan index, as `ls` scans: it says which models own which blobs, and this
-        # run checks every blob's bytes itself, so nothing it trusts goes unchecked.
-        index = await trio.to_thread.run_sync(lambda: scan_store(layout, ScanCache.open(layout)))
-        reach = await trio.to_thread.run_sync(reachable, layout)
-        found.append(survey(index, reach))
-
-    # Forked here, before the scan's thread starts (a fork copies no other thread, and a lock
-    # one held would stay held in the child), and they start at once; the scan runs meanwhile.
-    with Workers(layout, plan.units, options.workers) as pool:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(look)
-            batches = await _check_all(pool, plan, total)
+    # A full run trusts nothing of the cache: it writes a new one.
+    checked = await (_check_quick if options.quick else _check_full)(layout, options, found)
     [survey_] = found
-    await trio.to_thread.run_sync(_settle, layout, report, plan, batches, cache, survey_)
+    tally = checked.tally
+    report.blobs, report.bytes, report.bytes_read = tally.blobs, tally.bytes, tally.bytes_read
+    report.sha256, report.xxh3_only = tally.sha256, tally.xxh3_only
+    _problems(layout, report, tally.problems, survey_)
+    if checked.cache is not None:  # a quick run that found nothing new writes nothing
+        report.cache_written = await trio.to_thread.run_sync(checked.cache.save)
 
     corrupt = {c.name for c in report.corrupt}
     # A corrupt blob of the wrong size (truncated, zero-length) is fetched at the size its
     # manifests give, not its own.
     declared = {m.digest: m.size for m in survey_.missing}
     report.missing = [m for m in survey_.missing if m.digest.blob_name not in corrupt]
-    referenced = survey_.referenced
-    report.orphaned = [
-        (name, stamp[1]) for name, stamp in blobs if name not in corrupt and name not in referenced
-    ]
+    # Largest first, as GC and `ls` show them.
+    report.orphaned = sorted(
+        checked.others(survey_.referenced | corrupt), key=lambda item: (-item[1], item[0])
+    )
     # The default grace: a daemon's or `modelfs gc --grace` may differ.
     report.kept = await trio.to_thread.run_sync(
         gc_keeps, layout, report.orphaned, time.time(), GcPolicy().grace
