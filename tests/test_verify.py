@@ -21,7 +21,8 @@ from typing import Any
 import httpx
 import pytest
 
-from modelfs.store.collect.verify import FileKey, VerifyCache, check_blob, quarantine_blob
+from modelfs.store.collect.verify import CacheEntry, FileKey, check_blob, quarantine_blob
+from modelfs.store.collect.verify_cache import VerifyCache
 from modelfs.store.digest import Digest
 from modelfs.store.history import TagHistory
 from modelfs.store.layout import Layout
@@ -411,6 +412,43 @@ def test_damaged_cache_is_ignored_with_one_line(tmp_path: Path, damage: bytes) -
     rc, report, err = verify(m.root, "--quick")
     assert rc == 0 and report["checked"]["xxh3_only"] == 4
     assert "verify cache" not in err
+
+
+def test_cache_keeps_any_name_and_a_damaged_byte_is_caught(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Names as a listing gives them, whatever they hold (a newline, bytes that are not UTF-8),
+    in order, with 0s for a name with no entry; a byte changed anywhere fails the checksum."""
+    import array
+
+    layout = Layout(tmp_path / "models")
+    names = [Digest("a" * 64).blob_name, "odd\nname", os.fsdecode(b"\xff-partial"), "x"]
+    flat = array.array("q", [7, 2 << 20, 3, 4, 0, 0, 0, 0, 0, 0, 0, 0, 9, 1, 2, 3])
+    at = array.array("q", [100, 0, 0, 101])
+    samples = {names[0]: "0123456789abcdef" * 2}
+    cache = VerifyCache.of_columns(layout, names, flat, at, samples, (5, 6))
+    assert cache.save()
+    back = VerifyCache.load(layout)
+    assert (back.names, back.flat, back.at, back.samples, back.listed) == (
+        names,
+        flat,
+        at,
+        samples,
+        (5, 6),
+    )
+    assert set(back.stamps) == {names[0], "x"}  # a name with 0s has no entry
+    assert back.get(names[0]) == CacheEntry((7, 2 << 20, 3, 4), samples[names[0]], 100)
+    raw = bytearray(VerifyCache.path_for(layout).read_bytes())
+    for at_ in (len(raw) - 1, len(raw) // 2):
+        damaged = bytearray(raw)
+        damaged[at_] ^= 1
+        VerifyCache.path_for(layout).write_bytes(damaged)
+        caplog.clear()
+        assert VerifyCache.load(layout).names == []
+        assert [r.message for r in caplog.records if "verify cache" in r.message] == [
+            f"verify cache {VerifyCache.path_for(layout)} is damaged (length or checksum); "
+            "ignoring it"
+        ]
 
 
 def test_a_blob_changed_within_the_racy_margin_gets_no_cache_entry(tmp_path: Path) -> None:

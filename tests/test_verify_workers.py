@@ -24,11 +24,11 @@ from modelfs.store.collect.verify import (
     CHUNK,
     SAMPLE_FROM,
     Interrupted,
-    VerifyCache,
     hash_fd,
     sample_hash,
     sample_pieces,
 )
+from modelfs.store.collect.verify_cache import VerifyCache
 from modelfs.store.collect.workers import WorkerError, Workers
 from modelfs.store.digest import Digest, is_blob_name
 from modelfs.store.layout import Layout

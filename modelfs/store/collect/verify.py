@@ -3,37 +3,33 @@
 
     check_blob(path, cached, quick=...) -> BlobCheck      one blob, by the same rules as a batch
     check_batch(dir_fd, names, root, ...) -> Batch         many blobs, few Python objects each
-    VerifyCache.load(layout) / .save()                     `<store>/.modelfs/verify/cache.json`
+    look_batch(dir_fd, look, root) -> Looked               --quick: stat many, compare stamps
     quarantine_blob(layout, name, key) -> Path             out of `blobs/`, by rename
 
 A full check reads a blob once and hashes it with sha256. One that matches its name is recorded
-in the cache with its stat stamp (inode, size, mtime, ctime, all in ns) and, for a blob of
-SAMPLE_FROM bytes or more, the xxh3-128 of a sample of it (SAMPLE_PIECES pieces spread from
-its start to its end, together at most a 16th of it); unless its stamp after the read is not
-the one at the open, or its ctime is within indexfile.RACY_NS of the check. A quick check
-trusts a blob whose stamp still matches its cache entry, after comparing the xxh3 of the same
-sample for a large one; any other blob gets a full check. The stamp holds ctime, which no
-program can set back: a blob written in place through the filesystem, even with its mtime put
-back, no longer matches.
+in the verify cache (store.collect.verify_cache) with its stat stamp (inode, size, mtime,
+ctime, all in ns) and, for a blob of SAMPLE_FROM bytes or more, the xxh3-128 of a sample of it
+(SAMPLE_PIECES pieces spread from its start to its end, together at most a 16th of it); unless
+its stamp after the read is not the one at the open, or its ctime is within indexfile.RACY_NS
+of the check. A quick check trusts a blob whose stamp still matches its cache entry, after
+comparing the xxh3 of the same sample for a large one; any other blob gets a full check. The
+stamp holds ctime, which no program can set back: a blob written in place through the
+filesystem, even with its mtime put back, no longer matches.
 What a quick check cannot see is damage that does not go through the filesystem's write path
 (a disk or a network server returning other bytes) outside the sample: a full check reads all.
 
 Everything here is synchronous and holds no global state but a per-thread buffer:
-`store.collect.workers` runs `check_batch` in worker processes, one per core.
+`store.collect.workers` runs `check_batch` and `look_batch` in worker processes, one per core.
 """
 
 from __future__ import annotations
 
 import array
-import base64
 import contextlib
 import hashlib
-import itertools
-import json
 import logging
 import os
 import stat
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -45,7 +41,7 @@ import xxhash
 
 from modelfs.store.digest import is_blob_name
 from modelfs.store.disk.fileio import open_stat
-from modelfs.store.disk.owner import make_dirs, write_atomic
+from modelfs.store.disk.owner import make_dirs
 from modelfs.store.index.indexfile import racy
 from modelfs.store.layout import Layout
 
@@ -489,235 +485,6 @@ def _quarantine(layout: Layout, check: BlobCheck) -> None:
 
 def _why(exc: OSError) -> str:
     return exc.strerror or str(exc)
-
-
-# -- the cache ---------------------------------------------------------------------------------
-class VerifyCache:
-    """`<store>/.modelfs/verify/cache.json`: per blob name, its CacheEntry. Held in columns as
-    the file has them: `names` as the listing of blobs/ that saved it gave them (every name it
-    gave, so that the next listing of an unchanged directory is the same list, compared whole),
-    `flat` their stamps (4 ints a name, all 0 for a name with no entry: a stray, a blob that
-    failed), `at` their check times, and `samples` by name; `listed`: blobs/'s (inode, mtime_ns)
-    when it was listed, if that was out of the racy margin (a name comes or goes only by a
-    create, rename or unlink there, each of which moves its mtime: while it is the same, so is
-    the listing). `stamps` and `times` are the same
-    as dicts by name (of the names with an entry), made when first asked for; once made, they
-    are what `put`, `same` and `save` go by. A file that cannot be read or parsed is ignored
-    with one warning (every blob then gets a full check).
-
-    The file is one JSON object, as a store has tens of thousands of blobs and a verify that
-    takes a tenth of a second has no time to parse or write an object for each: `{"version":
-    2, "names": [...], "stamps": base64 of 4 little-endian int64 per name (inode, size,
-    mtime_ns, ctime_ns; 0s: no entry), "verified_at": base64 of one int64 per name (Unix
-    seconds), "samples": {name: hex xxh3-128}, "listed": [inode, mtime_ns] or null}` (samples:
-    blobs of SAMPLE_FROM bytes or more).
-    """
-
-    def __init__(self, layout: Layout) -> None:
-        self.layout = layout
-        self.names: list[str] = []
-        self.flat: array.array[int] = array.array("q")
-        self.at: array.array[int] = array.array("q")
-        self.samples: dict[str, str] = {}
-        self.listed: tuple[int, int] | None = None
-        self._stamps: dict[str, Stamp] | None = None
-        self._times: dict[str, int] | None = None
-
-    @classmethod
-    def of_columns(
-        cls,
-        layout: Layout,
-        names: list[str],
-        flat: array.array[int],
-        at: array.array[int],
-        samples: dict[str, str],
-        listed: tuple[int, int] | None,
-    ) -> VerifyCache:
-        cache = cls(layout)
-        cache.names, cache.flat, cache.at, cache.samples = names, flat, at, samples
-        cache.listed = listed
-        return cache
-
-    def _dicts(self) -> tuple[dict[str, Stamp], dict[str, int]]:
-        if self._stamps is None or self._times is None:
-            it = iter(self.flat)
-            stamps: dict[str, Stamp] = {}
-            times: dict[str, int] = {}
-            for name, stamp, at in zip(
-                self.names, zip(it, it, it, it, strict=True), self.at, strict=True
-            ):
-                if stamp[0]:  # no file has inode 0: a name with no entry
-                    stamps[name] = stamp
-                    times[name] = at
-            self._stamps, self._times = stamps, times
-        return self._stamps, self._times
-
-    @property
-    def stamps(self) -> dict[str, Stamp]:
-        return self._dicts()[0]
-
-    @property
-    def times(self) -> dict[str, int]:
-        return self._dicts()[1]
-
-    def aligned(self, names: list[str]) -> tuple[array.array[int], array.array[int]]:
-        """The stamps (4 a name, 0s: no entry) and check times of `names`, by position: the
-        columns as they are when `names` is the listing they were saved under (a directory
-        not changed since lists the same), else gathered by name."""
-        if self._stamps is None and names == self.names:
-            return self.flat, self.at
-        stamps, times = self._dicts()
-        flat: array.array[int] = array.array("q")
-        at: array.array[int] = array.array("q")
-        none = (0, 0, 0, 0)
-        for name in names:
-            flat.extend(stamps.get(name, none))
-            at.append(times.get(name, 0))
-        return flat, at
-
-    def get(self, name: str) -> CacheEntry | None:
-        stamp = self.stamps.get(name)
-        if stamp is None:
-            return None
-        return CacheEntry(stamp, self.samples.get(name), self.times[name])
-
-    def put(self, name: str, entry: CacheEntry) -> None:
-        self.stamps[name] = entry.stamp
-        self.times[name] = entry.verified_at
-        if entry.sample is None:
-            self.samples.pop(name, None)
-        else:
-            self.samples[name] = entry.sample
-
-    @property
-    def entries(self) -> dict[str, CacheEntry]:
-        """Every entry as an object (for a look at a few; the columns are for the many)."""
-        return {name: e for name in self.stamps if (e := self.get(name)) is not None}
-
-    def same(self, other: VerifyCache) -> bool:
-        """The same entries, in columns of the same order (what the next listing compares)."""
-        if self._stamps is None and other._stamps is None:
-            return (self.names, self.flat, self.at, self.samples, self.listed) == (
-                other.names,
-                other.flat,
-                other.at,
-                other.samples,
-                other.listed,
-            )
-        return (list(self.stamps.items()), self.times, self.samples) == (
-            list(other.stamps.items()),
-            other.times,
-            other.samples,
-        )
-
-    @staticmethod
-    def path_for(layout: Layout) -> Path:
-        return layout.state / "verify" / "cache.json"
-
-    @property
-    def path(self) -> Path:
-        return self.path_for(self.layout)
-
-    @classmethod
-    def load(cls, layout: Layout) -> VerifyCache:
-        path = cls.path_for(layout)
-        cache = cls(layout)
-        try:
-            raw = path.read_bytes()
-        except FileNotFoundError:
-            return cache
-        except OSError as exc:
-            log.warning("verify cache %s unreadable (%s); ignoring it", path, _why(exc))
-            return cache
-        try:
-            doc = json.loads(raw)
-            if isinstance(doc, dict) and doc.get("version") == 1:
-                # modelfs before stat stamps and samples: every blob gets one full check.
-                log.info("verify cache %s is of an older modelfs; ignoring it", path)
-                return cache
-            if not isinstance(doc, dict) or doc.get("version") != CACHE_VERSION:
-                raise ValueError(f"not a version {CACHE_VERSION} cache")
-            cache._read(doc["names"], doc["stamps"], doc["verified_at"], doc["samples"])
-            cache.listed = _listed(doc.get("listed"))
-        except (ValueError, KeyError, TypeError, RecursionError) as exc:
-            # RecursionError: json nests without bound (`[[[[...` of a few hundred KB).
-            log.warning("verify cache %s is damaged (%s); ignoring it", path, exc)
-            return cls(layout)
-        return cache
-
-    def _read(self, names: object, stamps: object, times: object, samples: object) -> None:
-        if not isinstance(names, list) or not all(type(n) is str for n in names):
-            raise ValueError("`names` is not a list of strings")
-        if not isinstance(samples, dict):
-            raise ValueError("`samples` is not an object")
-        flat = _int64s(stamps, 4 * len(names), "stamps")
-        at = _int64s(times, len(names), "verified_at")
-        for name, sample in samples.items():
-            if not isinstance(sample, str) or len(sample) != 32:
-                raise ValueError(f"the sample of {name} is not 32 hex digits")
-            int(sample, 16)
-        # A large blob's entry without a sample (or a small one's with one) was not written
-        # by this code: such a blob gets a full check.
-        large = [i for i, size in enumerate(flat[1::4]) if size >= SAMPLE_FROM]
-        good = {names[i] for i in large if names[i] in samples}
-        odd = [i for i in large if names[i] not in good]
-        if len(good) != len(samples):
-            odd += [i for i, n in enumerate(names) if n in samples and n not in good]
-        for i in odd:
-            flat[4 * i : 4 * i + 4] = array.array("q", bytes(32))
-        self.names, self.flat, self.at = names, flat, at
-        self.samples = samples if len(good) == len(samples) else {n: samples[n] for n in good}
-
-    def save(self) -> bool:
-        """Write atomically (temp file in the same directory, fsync, rename); False, with a
-        warning, where the store cannot be written (a read-only store can still be verified)."""
-        path = self.path
-        if self._stamps is None or self._times is None:
-            names, flat, at = self.names, array.array("q", self.flat), array.array("q", self.at)
-        else:
-            names = list(self._stamps)
-            flat = array.array("q", itertools.chain.from_iterable(self._stamps.values()))
-            at = array.array("q", map(self._times.__getitem__, names))
-        if sys.byteorder == "big":
-            flat.byteswap()
-            at.byteswap()
-        doc = {
-            "version": CACHE_VERSION,
-            "names": names,
-            "stamps": base64.b64encode(flat.tobytes()).decode(),
-            "verified_at": base64.b64encode(at.tobytes()).decode(),
-            "samples": {n: s for n, s in self.samples.items() if n in self.stamps}
-            if self._stamps is not None
-            else self.samples,
-            # The names are the listing only while they are the columns as they came.
-            "listed": self.listed if self._stamps is None else None,
-        }
-        data = json.dumps(doc, separators=(",", ":")).encode() + b"\n"
-        try:
-            write_atomic(path, data, self.layout.root)
-        except OSError as exc:
-            log.warning("cannot write the verify cache %s: %s", path, _why(exc))
-            return False
-        return True
-
-
-def _listed(value: object) -> tuple[int, int] | None:
-    if value is None:
-        return None
-    if not isinstance(value, list) or len(value) != 2 or not all(type(v) is int for v in value):
-        raise ValueError("`listed` is not [inode, mtime_ns]")
-    return (value[0], value[1])
-
-
-def _int64s(text: object, count: int, what: str) -> array.array[int]:
-    if not isinstance(text, str):
-        raise ValueError(f"`{what}` is not a string")
-    out = array.array("q", base64.b64decode(text, validate=True))
-    if sys.byteorder == "big":
-        out.byteswap()
-    if len(out) != count:
-        raise ValueError(f"`{what}` holds {len(out)} numbers, not {count}")
-    return out
 
 
 # -- quarantine --------------------------------------------------------------------------------

@@ -31,9 +31,9 @@ from modelfs.store.collect.verify import (
     Look,
     Looked,
     Stamp,
-    VerifyCache,
     stamp_of,
 )
+from modelfs.store.collect.verify_cache import DirKey, VerifyCache
 from modelfs.store.collect.workers import Result, Unit
 from modelfs.store.digest import is_blob_name
 from modelfs.store.index.indexfile import racy
@@ -45,9 +45,6 @@ BATCH_BLOBS = 512  # …or this many: a hand-off costs as much as checking a few
 # holds at most LOOK_SAMPLES large blobs (each a sample read of up to 1 MiB).
 LOOK_BLOBS = 1024
 LOOK_SAMPLES = 8
-
-
-DirKey = tuple[int, int]  # a directory's (inode, mtime_ns)
 
 
 @dataclass(slots=True)

@@ -37,10 +37,10 @@ from modelfs.store.collect.gc import GcPolicy
 from modelfs.store.collect.reach import reachable
 from modelfs.store.collect.verify import (
     BlobCheck,
-    VerifyCache,
     drop_quarantined,
     quarantined,
 )
+from modelfs.store.collect.verify_cache import VerifyCache
 from modelfs.store.collect.verify_plan import (
     BATCH_BLOBS as BATCH_BLOBS,
 )

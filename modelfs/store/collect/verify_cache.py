@@ -1,0 +1,261 @@
+"""The verify cache, `<store>/.modelfs/verify/cache`: what a full check found of each blob
+(store.collect.verify: its stat stamp, the sample of a large one, when), for --quick.
+
+    VerifyCache.load(layout) / .save()
+
+A store has tens of thousands of blobs and a quick verify of them takes a few hundredths of a
+second, so the file is made to load in about a millisecond, in columns, and no object is made
+for a blob unless asked: a header, then the names as the listing of `blobs/` gave them (every
+name it gave, NUL-separated: a name cannot hold a NUL), their stamps (4 little-endian int64 a
+name: inode, size, mtime_ns, ctime_ns; all 0 for a name with no entry, such as a stray), their
+check times (one int64 a name, Unix seconds) and the samples (`name NUL hex` pairs). No
+marshal or pickle: a store may be someone else's, and this file is read as data only. A file
+that is not one, or fails its checksum, is ignored with one warning (every blob then gets a
+full check); so is the JSON cache.json of modelfs before it, once.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import itertools
+import logging
+import struct
+import sys
+import zlib
+from pathlib import Path
+
+from modelfs.store.collect.verify import SAMPLE_FROM, CacheEntry, Stamp
+from modelfs.store.disk.owner import write_atomic
+from modelfs.store.layout import Layout
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"modelfs verify cache\n"
+VERSION = 3  # 1 and 2: cache.json
+# version, crc32 of what follows the header, names, bytes of names, bytes of samples, whether
+# `listed` holds, blobs/'s inode and mtime_ns then
+_HEADER = struct.Struct("<IIQQQQqq")
+_SAMPLE_HEX = 32
+DirKey = tuple[int, int]  # a directory's (inode, mtime_ns)
+
+
+class VerifyCache:
+    """Per blob name, its CacheEntry. Held in columns as the file has them: `names` as the
+    listing of blobs/ that saved it gave them (every name it gave, so that the next listing of
+    an unchanged directory is the same list, compared whole), `flat` their stamps (4 ints a
+    name, all 0 for a name with no entry: a stray, a blob that failed), `at` their check times,
+    and `samples` by name; `listed`: blobs/'s (inode, mtime_ns) when it was listed, if that was
+    out of the racy margin (a name comes or goes only by a create, rename or unlink there, each
+    of which moves its mtime: while it is the same, so is the listing).
+
+    `stamps` and `times` are the same as dicts by name (of the names with an entry), made when
+    first asked for; once made, they are what `put`, `same` and `save` go by."""
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
+        self.names: list[str] = []
+        self.flat: array.array[int] = array.array("q")
+        self.at: array.array[int] = array.array("q")
+        self.samples: dict[str, str] = {}
+        self.listed: DirKey | None = None
+        self._stamps: dict[str, Stamp] | None = None
+        self._times: dict[str, int] | None = None
+
+    @classmethod
+    def of_columns(
+        cls,
+        layout: Layout,
+        names: list[str],
+        flat: array.array[int],
+        at: array.array[int],
+        samples: dict[str, str],
+        listed: DirKey | None,
+    ) -> VerifyCache:
+        cache = cls(layout)
+        cache.names, cache.flat, cache.at, cache.samples = names, flat, at, samples
+        cache.listed = listed
+        return cache
+
+    def _dicts(self) -> tuple[dict[str, Stamp], dict[str, int]]:
+        if self._stamps is None or self._times is None:
+            it = iter(self.flat)
+            stamps: dict[str, Stamp] = {}
+            times: dict[str, int] = {}
+            for name, stamp, at in zip(
+                self.names, zip(it, it, it, it, strict=True), self.at, strict=True
+            ):
+                if stamp[0]:  # no file has inode 0: a name with no entry
+                    stamps[name] = stamp
+                    times[name] = at
+            self._stamps, self._times = stamps, times
+        return self._stamps, self._times
+
+    @property
+    def stamps(self) -> dict[str, Stamp]:
+        return self._dicts()[0]
+
+    @property
+    def times(self) -> dict[str, int]:
+        return self._dicts()[1]
+
+    def aligned(self, names: list[str]) -> tuple[array.array[int], array.array[int]]:
+        """The stamps (4 a name, 0s: no entry) and check times of `names`, by position: the
+        columns as they are when `names` is the listing they were saved under (a directory
+        not changed since lists the same), else gathered by name."""
+        if self._stamps is None and names == self.names:
+            return self.flat, self.at
+        stamps, times = self._dicts()
+        flat: array.array[int] = array.array("q")
+        at: array.array[int] = array.array("q")
+        none = (0, 0, 0, 0)
+        for name in names:
+            flat.extend(stamps.get(name, none))
+            at.append(times.get(name, 0))
+        return flat, at
+
+    def get(self, name: str) -> CacheEntry | None:
+        stamp = self.stamps.get(name)
+        if stamp is None:
+            return None
+        return CacheEntry(stamp, self.samples.get(name), self.times[name])
+
+    def put(self, name: str, entry: CacheEntry) -> None:
+        self.stamps[name] = entry.stamp
+        self.times[name] = entry.verified_at
+        if entry.sample is None:
+            self.samples.pop(name, None)
+        else:
+            self.samples[name] = entry.sample
+
+    @property
+    def entries(self) -> dict[str, CacheEntry]:
+        """Every entry as an object (for a look at a few; the columns are for the many)."""
+        return {name: e for name in self.stamps if (e := self.get(name)) is not None}
+
+    def same(self, other: VerifyCache) -> bool:
+        """The same entries, in columns of the same order (what the next listing compares)."""
+        if self._stamps is None and other._stamps is None:
+            return (self.names, self.flat, self.at, self.samples, self.listed) == (
+                other.names,
+                other.flat,
+                other.at,
+                other.samples,
+                other.listed,
+            )
+        return (list(self.stamps.items()), self.times, self.samples) == (
+            list(other.stamps.items()),
+            other.times,
+            other.samples,
+        )
+
+    @staticmethod
+    def path_for(layout: Layout) -> Path:
+        return layout.state / "verify" / "cache"
+
+    @property
+    def path(self) -> Path:
+        return self.path_for(self.layout)
+
+    @classmethod
+    def load(cls, layout: Layout) -> VerifyCache:
+        path = cls.path_for(layout)
+        cache = cls(layout)
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            if path.with_name("cache.json").exists():
+                # modelfs before this format: every blob gets one full check.
+                log.info("verify cache %s is of an older modelfs; ignoring it", path)
+            return cache
+        except OSError as exc:
+            log.warning("verify cache %s unreadable (%s); ignoring it", path, _why(exc))
+            return cache
+        try:
+            cache._read(raw)
+        except (ValueError, struct.error, UnicodeDecodeError) as exc:
+            log.warning("verify cache %s is damaged (%s); ignoring it", path, exc)
+            return cls(layout)
+        return cache
+
+    def _read(self, raw: bytes) -> None:
+        if not raw.startswith(MAGIC):
+            raise ValueError("not a verify cache")
+        version, crc, n, names_len, samples_len, has_key, ino, mtime = _HEADER.unpack_from(
+            raw, len(MAGIC)
+        )
+        if version != VERSION:
+            raise ValueError(f"format {version}, not {VERSION}")
+        body = memoryview(raw)[len(MAGIC) + _HEADER.size :]
+        if len(body) != names_len + 40 * n + samples_len or zlib.crc32(body) != crc:
+            raise ValueError("length or checksum")
+        names = str(body[:names_len], "utf-8", "surrogateescape").split("\0") if n else []
+        if len(names) != n:
+            raise ValueError(f"{len(names)} names, not {n}")
+        flat = _int64s(body[names_len : names_len + 32 * n])
+        at = _int64s(body[names_len + 32 * n : names_len + 40 * n])
+        pairs = str(body[names_len + 40 * n :], "ascii").split("\0") if samples_len else []
+        samples = dict(zip(pairs[::2], pairs[1::2], strict=True))
+        for name, sample in samples.items():
+            if len(sample) != _SAMPLE_HEX:
+                raise ValueError(f"the sample of {name} is not 32 hex digits")
+            int(sample, 16)
+        # A large blob's entry without a sample (or a small one's with one) was not written
+        # by this code: such a blob gets a full check.
+        sizes = flat[1::4]
+        large = []
+        if n and max(sizes) >= SAMPLE_FROM:  # in C: a store of small blobs has none
+            large = [i for i, size in enumerate(sizes) if size >= SAMPLE_FROM]
+        good = {names[i] for i in large if names[i] in samples}
+        odd = [i for i in large if names[i] not in good]
+        if len(good) != len(samples):
+            odd += [i for i, name in enumerate(names) if name in samples and name not in good]
+        for i in odd:
+            flat[4 * i : 4 * i + 4] = array.array("q", bytes(32))
+        self.names, self.flat, self.at = names, flat, at
+        self.samples = samples if len(good) == len(samples) else {n: samples[n] for n in good}
+        self.listed = (ino, mtime) if has_key else None
+
+    def save(self) -> bool:
+        """Write atomically (temp file in the same directory, fsync, rename); False, with a
+        warning, where the store cannot be written (a read-only store can still be verified)."""
+        path = self.path
+        if self._stamps is None or self._times is None:
+            names, flat, at = self.names, array.array("q", self.flat), array.array("q", self.at)
+            samples, listed = self.samples, self.listed
+        else:
+            # The names are the listing only while they are the columns as they came.
+            names, listed = list(self._stamps), None
+            flat = array.array("q", itertools.chain.from_iterable(self._stamps.values()))
+            at = array.array("q", map(self._times.__getitem__, names))
+            samples = {n: s for n, s in self.samples.items() if n in self._stamps}
+        if sys.byteorder == "big":
+            flat.byteswap()
+            at.byteswap()
+        blob = "\0".join(names).encode("utf-8", "surrogateescape")
+        pairs = "\0".join(itertools.chain.from_iterable(samples.items())).encode("ascii")
+        body = b"".join((blob, flat.tobytes(), at.tobytes(), pairs))
+        key = listed or (0, 0)
+        head = _HEADER.pack(
+            VERSION, zlib.crc32(body), len(names), len(blob), len(pairs), bool(listed), *key
+        )
+        try:
+            write_atomic(path, MAGIC + head + body, self.layout.root)
+        except OSError as exc:
+            log.warning("cannot write the verify cache %s: %s", path, _why(exc))
+            return False
+        with contextlib.suppress(OSError):
+            path.with_name("cache.json").unlink()  # modelfs before this format's
+        return True
+
+
+def _int64s(data: memoryview) -> array.array[int]:
+    out = array.array("q")
+    out.frombytes(data)
+    if sys.byteorder == "big":
+        out.byteswap()
+    return out
+
+
+def _why(exc: OSError) -> str:
+    return exc.strerror or str(exc)
