@@ -155,6 +155,21 @@ def quick_units(names: list[str], key: DirKey | None, cache: VerifyCache) -> Qui
     return plan
 
 
+def expected_blobs(plan: QuickPlan) -> int:
+    """The blobs among the names listed: those with a cache entry, and those without one
+    under a blob name (the strays among them are not)."""
+    inodes = plan.flat[0::4]
+    none = inodes.count(0)
+    if not none:
+        return len(inodes)
+    names = plan.names
+    return (
+        len(inodes)
+        - none
+        + sum(1 for i, ino in enumerate(inodes) if not ino and is_blob_name(names[i]))
+    )
+
+
 @dataclass(slots=True)
 class Tally:
     """The counts of a run, and the checks that found something."""

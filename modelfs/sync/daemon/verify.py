@@ -46,6 +46,7 @@ from modelfs.store.collect.verify_plan import (
 )
 from modelfs.store.collect.verify_plan import (
     Tally,
+    expected_blobs,
     full_units,
     list_blobs,
     list_names,
@@ -183,8 +184,9 @@ async def _check_quick(layout: Layout, options: VerifyOptions, found: list[Surve
     old = await trio.to_thread.run_sync(VerifyCache.load, layout)
     names, key = await trio.to_thread.run_sync(list_names, layout, old)
     plan = quick_units(names, key, old)
-    # Sizes come from the workers' stats: the cache's say what to expect (progress lines).
-    total = (len(names), sum(plan.flat[1::4]))
+    # The workers stat the blobs: until then, what the cache knows of them says what to expect
+    # (a new blob counts, its size not yet).
+    total = (expected_blobs(plan), sum(plan.flat[1::4]))
     _starting(total, "quick (stat stamps and samples against the last full check)", options)
     with Workers(layout, plan.looks, options.workers) as pool:
         async with trio.open_nursery() as nursery:
@@ -194,10 +196,7 @@ async def _check_quick(layout: Layout, options: VerifyOptions, found: list[Surve
     units = second_round(plan, first)
     results: list[Result] = []
     if units:
-        log.info(
-            "%s changed or new since the last full check: checking them in full",
-            counted(len(first.changed), "blob"),
-        )
+        log.debug("%s new or changed since the last full check", counted(len(units), "unit"))
         with Workers(layout, units, options.workers) as pool:
             results = await _run(pool, (len(names) - len(first.changed), 0), total)
     tally, cache = await trio.to_thread.run_sync(
