@@ -35,7 +35,7 @@ from modelfs.store.layout import Layout
 from modelfs.sync.daemon.verify import BATCH_BLOBS
 from tests.builders import TinyStore
 from tests.test_pull import weights
-from tests.test_verify import Model, command, verify
+from tests.test_verify import Model, command, verify, zero_in_place
 
 MiB = 1 << 20
 
@@ -167,6 +167,66 @@ def test_quick_reports_the_store_as_a_full_run_does(tmp_path: Path) -> None:
     ]
     regular = [p for p in blobs.iterdir() if is_blob_name(p.name) and not p.is_symlink()]
     assert full["checked"]["blobs"] == len([p for p in regular if p.is_file()])
+
+
+def test_quick_takes_the_last_survey_again_only_while_the_tags_and_blobs_stay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A quick run takes the survey of the run before (no scan) while blobs/ and every tag file
+    are as they were, and surveys afresh once a tag is removed, edited or added; the owners of
+    a blob it finds corrupt are named either way."""
+    import modelfs.sync.daemon.verify as dv
+    from modelfs.store.index import indexfile
+    from modelfs.store.names import parse_name
+    from modelfs.sync.daemon.verify import VerifyOptions, run_verify
+
+    monkeypatch.setattr(indexfile, "RACY_NS", 0)  # this test's writes are kept at once
+    scans = []
+    real = dv._scan
+
+    def counted(layout: Layout) -> Any:
+        scans.append(1)
+        return real(layout)
+
+    monkeypatch.setattr(dv, "_scan", counted)
+    m = Model(tmp_path / "models")
+    m.tiny.gguf_model("other:1", payload=b"other weights")
+
+    def quick() -> Any:
+        scans.clear()
+        return run_verify(m.root, VerifyOptions(quick=True, workers=2))
+
+    assert run_verify(m.root, VerifyOptions(workers=2)).ok
+    report = quick()
+    assert report.ok and not report.orphaned and scans == []  # the last survey, again
+
+    other = m.layout.legacy_manifest(parse_name("other:1"))
+    raw = other.read_bytes()
+    other.unlink()  # `ollama rm other:1`: its own blobs are orphans now
+    report = quick()
+    assert scans == [1]
+    assert [n for n, _ in report.orphaned] == [Digest.of_bytes(b"other weights").blob_name]
+    assert quick().orphaned == report.orphaned and scans == []
+
+    m.tiny.legacy("other:1", raw)  # back, a new file
+    report = quick()
+    assert scans == [1] and report.ok and not report.orphaned
+    m.tiny.legacy("bad:1", b"")  # a manifest a full disk left empty
+    report = quick()
+    assert scans == [1] and [p for p, _ in report.bad_manifests] == [
+        "manifests/registry.ollama.ai/library/bad/1"
+    ]
+    # A file that cannot be read is not kept by the reach index: surveyed afresh each time.
+    again = quick()
+    assert scans == [1] and again.bad_manifests == report.bad_manifests
+    m.layout.legacy_manifest(parse_name("bad:1")).unlink()
+    assert quick().ok and scans == [1]
+    assert quick().ok and scans == []
+
+    zero_in_place(m.blob)  # a blob's bytes: a scan only to name its owners
+    report = quick()
+    [corrupt] = report.corrupt
+    assert [o.label for o in corrupt.owners] == ["llama3.2:3b"] and scans == [1]
 
 
 # -- what --quick cannot catch, as docs/gc.md says ---------------------------------------------

@@ -8,7 +8,8 @@ second, so the file is made to load in about a millisecond, in columns, and no o
 for a blob unless asked: a header, then the names as the listing of `blobs/` gave them (every
 name it gave, NUL-separated: a name cannot hold a NUL), their stamps (4 little-endian int64 a
 name: inode, size, mtime_ns, ctime_ns; all 0 for a name with no entry, such as a stray), their
-check times (one int64 a name, Unix seconds) and the samples (`name NUL hex` pairs). No
+check times (one int64 a name, Unix seconds), the samples (`name NUL hex` pairs) and the last
+survey of the store besides blobs (`mark NUL text`: verify_report.survey_mark, survey_text). No
 marshal or pickle: a store may be someone else's, and this file is read as data only. A file
 that is not one, or fails its checksum, is ignored with one warning (every blob then gets a
 full check); so is the JSON cache.json of modelfs before it, once.
@@ -33,9 +34,9 @@ log = logging.getLogger(__name__)
 
 MAGIC = b"modelfs verify cache\n"
 VERSION = 3  # 1 and 2: cache.json
-# version, crc32 of what follows the header, names, bytes of names, bytes of samples, whether
-# `listed` holds, blobs/'s inode and mtime_ns then
-_HEADER = struct.Struct("<IIQQQQqq")
+# version, crc32 of what follows the header, names, bytes of names, bytes of samples, bytes of
+# the survey, whether `listed` holds, blobs/'s inode and mtime_ns then
+_HEADER = struct.Struct("<IIQQQQQqq")
 _SAMPLE_HEX = 32
 DirKey = tuple[int, int]  # a directory's (inode, mtime_ns)
 
@@ -47,7 +48,8 @@ class VerifyCache:
     name, all 0 for a name with no entry: a stray, a blob that failed), `at` their check times,
     and `samples` by name; `listed`: blobs/'s (inode, mtime_ns) when it was listed, if that was
     out of the racy margin (a name comes or goes only by a create, rename or unlink there, each
-    of which moves its mtime: while it is the same, so is the listing).
+    of which moves its mtime: while it is the same, so is the listing); `survey`: the last
+    survey of the store, and the mark of what it was made of (verify_report.survey_mark).
 
     `stamps` and `times` are the same as dicts by name (of the names with an entry), made when
     first asked for; once made, they are what `put`, `same` and `save` go by."""
@@ -59,6 +61,7 @@ class VerifyCache:
         self.at: array.array[int] = array.array("q")
         self.samples: dict[str, str] = {}
         self.listed: DirKey | None = None
+        self.survey: tuple[str, str] | None = None
         self._stamps: dict[str, Stamp] | None = None
         self._times: dict[str, int] | None = None
 
@@ -136,17 +139,19 @@ class VerifyCache:
     def same(self, other: VerifyCache) -> bool:
         """The same entries, in columns of the same order (what the next listing compares)."""
         if self._stamps is None and other._stamps is None:
-            return (self.names, self.flat, self.at, self.samples, self.listed) == (
+            return (self.names, self.flat, self.at, self.samples, self.listed, self.survey) == (
                 other.names,
                 other.flat,
                 other.at,
                 other.samples,
                 other.listed,
+                other.survey,
             )
-        return (list(self.stamps.items()), self.times, self.samples) == (
+        return (list(self.stamps.items()), self.times, self.samples, self.survey) == (
             list(other.stamps.items()),
             other.times,
             other.samples,
+            other.survey,
         )
 
     @staticmethod
@@ -181,14 +186,19 @@ class VerifyCache:
     def _read(self, raw: bytes) -> None:
         if not raw.startswith(MAGIC):
             raise ValueError("not a verify cache")
-        version, crc, n, names_len, samples_len, has_key, ino, mtime = _HEADER.unpack_from(
-            raw, len(MAGIC)
+        version, crc, n, names_len, samples_len, survey_len, has_key, ino, mtime = (
+            _HEADER.unpack_from(raw, len(MAGIC))
         )
         if version != VERSION:
             raise ValueError(f"format {version}, not {VERSION}")
         body = memoryview(raw)[len(MAGIC) + _HEADER.size :]
-        if len(body) != names_len + 40 * n + samples_len or zlib.crc32(body) != crc:
+        end = names_len + 40 * n + samples_len
+        if len(body) != end + survey_len or zlib.crc32(body) != crc:
             raise ValueError("length or checksum")
+        if survey_len:
+            mark, _, text = str(body[end:], "utf-8").partition("\0")
+            self.survey = (mark, text)
+        body = body[:end]
         names = str(body[:names_len], "utf-8", "surrogateescape").split("\0") if n else []
         if len(names) != n:
             raise ValueError(f"{len(names)} names, not {n}")
@@ -234,11 +244,11 @@ class VerifyCache:
             at.byteswap()
         blob = "\0".join(names).encode("utf-8", "surrogateescape")
         pairs = "\0".join(itertools.chain.from_iterable(samples.items())).encode("ascii")
-        body = b"".join((blob, flat.tobytes(), at.tobytes(), pairs))
+        survey = "\0".join(self.survey).encode() if self.survey is not None else b""
+        body = b"".join((blob, flat.tobytes(), at.tobytes(), pairs, survey))
         key = listed or (0, 0)
-        head = _HEADER.pack(
-            VERSION, zlib.crc32(body), len(names), len(blob), len(pairs), bool(listed), *key
-        )
+        counts = (len(names), len(blob), len(pairs), len(survey))
+        head = _HEADER.pack(VERSION, zlib.crc32(body), *counts, bool(listed), *key)
         try:
             write_atomic(path, MAGIC + head + body, self.layout.root)
         except OSError as exc:

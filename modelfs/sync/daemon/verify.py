@@ -40,7 +40,7 @@ from modelfs.store.collect.verify import (
     drop_quarantined,
     quarantined,
 )
-from modelfs.store.collect.verify_cache import VerifyCache
+from modelfs.store.collect.verify_cache import DirKey, VerifyCache
 from modelfs.store.collect.verify_plan import (
     BATCH_BLOBS as BATCH_BLOBS,
 )
@@ -64,12 +64,15 @@ from modelfs.store.collect.verify_report import (
     Survey,
     gc_keeps,
     survey,
+    survey_again,
+    survey_mark,
+    survey_text,
 )
 from modelfs.store.collect.workers import Result, Workers
 from modelfs.store.digest import Digest, is_blob_name
 from modelfs.store.index.reachcache import ReachCache
 from modelfs.store.layout import Layout
-from modelfs.store.scan import ScanCache, scan_store
+from modelfs.store.scan import ScanCache, StoreIndex, scan_store
 from modelfs.store.units import counted, human_bytes
 from modelfs.sync.client.credentials import Credentials
 from modelfs.sync.client.threads import in_thread, run_unwrapped
@@ -141,15 +144,32 @@ def _problems(layout: Layout, report: Report, problems: list[BlobCheck], found: 
             report.corrupt.append(corrupt)
 
 
-def _look(layout: Layout) -> Survey:
-    """The store besides blob bytes: with the scan index, as `ls` scans (which models own
-    which blobs: this run checks every blob's bytes itself, so nothing it trusts goes
-    unchecked), and with the reach index, as a GC plan reads manifests."""
-    index = scan_store(layout, ScanCache.open(layout))
+@dataclass(slots=True)
+class _Found:
+    survey: Survey
+    kept: tuple[str, str] | None  # for the cache: its mark and text (None: not to be reused)
+
+
+def _look(layout: Layout, listed: DirKey | None, saved: tuple[str, str] | None) -> _Found:
+    """The store besides blob bytes: with the reach index, as a GC plan reads manifests, and
+    with the scan index, as `ls` scans (which models own which blobs: this run checks every
+    blob's bytes itself, so nothing it trusts goes unchecked). `saved`: the survey a run made
+    before (a quick run's cache), taken again if what it was made of is as it was (blobs/ as
+    listed then, every tag file's stamp): the scan would find the same."""
     cache = ReachCache.open(layout)
     reach = reachable(layout, cache=cache)
     cache.save(listed=False)
-    return survey(index, reach)
+    mark = survey_mark(listed, cache.files, reach)
+    if mark is not None and saved is not None and saved[0] == mark:
+        again = survey_again(saved[1], layout, reach, partial(_scan, layout))
+        if again is not None:
+            return _Found(again, saved)
+    found = survey(_scan(layout), reach)
+    return _Found(found, None if mark is None else (mark, survey_text(found)))
+
+
+def _scan(layout: Layout) -> StoreIndex:
+    return scan_store(layout, ScanCache.open(layout))
 
 
 @dataclass(slots=True)
@@ -161,7 +181,7 @@ class _Checked:
     others: Callable[[set[str]], list[tuple[str, int]]]
 
 
-async def _check_full(layout: Layout, options: VerifyOptions, found: list[Survey]) -> _Checked:
+async def _check_full(layout: Layout, options: VerifyOptions, found: list[_Found]) -> _Checked:
     listing = await trio.to_thread.run_sync(list_blobs, layout)
     total = (len(listing.blobs), sum(stamp[1] for _, stamp in listing.blobs))
     _starting(total, "full sha256", options)
@@ -170,17 +190,18 @@ async def _check_full(layout: Layout, options: VerifyOptions, found: list[Survey
     # one held would stay held in the child), and they start at once; the scan runs meanwhile.
     with Workers(layout, units, options.workers) as pool:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_survey, layout, found)
+            nursery.start_soon(_survey, layout, found, listing.key, None)
             results = await _run(pool, (0, 0), total)
     tally, cache = await trio.to_thread.run_sync(settle_full, layout, listing, units, results)
 
     def others(known: set[str]) -> list[tuple[str, int]]:
         return [(n, s[1]) for n, s in listing.blobs if n not in known]
 
+    cache.survey = found[0].kept
     return _Checked(tally, cache, others)
 
 
-async def _check_quick(layout: Layout, options: VerifyOptions, found: list[Survey]) -> _Checked:
+async def _check_quick(layout: Layout, options: VerifyOptions, found: list[_Found]) -> _Checked:
     old = await trio.to_thread.run_sync(VerifyCache.load, layout)
     names, key = await trio.to_thread.run_sync(list_names, layout, old)
     plan = quick_units(names, key, old)
@@ -190,7 +211,7 @@ async def _check_quick(layout: Layout, options: VerifyOptions, found: list[Surve
     _starting(total, "quick (stat stamps and samples against the last full check)", options)
     with Workers(layout, plan.looks, options.workers) as pool:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_survey, layout, found)
+            nursery.start_soon(_survey, layout, found, key, old.survey)
             looked = await _run(pool, (0, 0), total)
     first = seen(plan, looked)
     units = second_round(plan, first)
@@ -214,6 +235,7 @@ async def _check_quick(layout: Layout, options: VerifyOptions, found: list[Surve
                 out.append((name, stamps[4 * i + 1]))
         return out
 
+    cache.survey = found[0].kept
     return _Checked(tally, None if cache.same(old) else cache, others)
 
 
@@ -227,18 +249,20 @@ def _starting(total: tuple[int, int], how: str, options: VerifyOptions) -> None:
     )
 
 
-async def _survey(layout: Layout, found: list[Survey]) -> None:
-    found.append(await trio.to_thread.run_sync(_look, layout))
+async def _survey(
+    layout: Layout, found: list[_Found], listed: DirKey | None, saved: tuple[str, str] | None
+) -> None:
+    found.append(await trio.to_thread.run_sync(_look, layout, listed, saved))
 
 
 async def verify(layout: Layout, options: VerifyOptions | None = None) -> Report:
     options = options or VerifyOptions()
     t0 = time.monotonic()
     report = Report(layout.root, "quick" if options.quick else "full")
-    found: list[Survey] = []
+    found: list[_Found] = []
     # A full run trusts nothing of the cache: it writes a new one.
     checked = await (_check_quick if options.quick else _check_full)(layout, options, found)
-    [survey_] = found
+    survey_ = found[0].survey
     tally = checked.tally
     report.blobs, report.bytes, report.bytes_read = tally.blobs, tally.bytes, tally.bytes_read
     report.sha256, report.xxh3_only = tally.sha256, tally.xxh3_only
