@@ -20,6 +20,7 @@ no entry: a stray, a blob that failed, or one changed within the racy margin).
 from __future__ import annotations
 
 import array
+import itertools
 import os
 import time
 from dataclasses import dataclass, field
@@ -206,13 +207,10 @@ def settle_full(
             if s is not None
         )
         samples.update((names[i], sample) for i, sample in batch.samples.items())
-    flat: array.array[int] = array.array("q")
-    at: array.array[int] = array.array("q")
     none = (NO_STAMP, 0)
-    for name in listing.names:
-        stamp, when = passed.get(name, none)
-        flat.extend(stamp)
-        at.append(when)
+    rows = list(map(passed.get, listing.names, itertools.repeat(none)))
+    flat = array.array("q", itertools.chain.from_iterable([stamp for stamp, _ in rows]))
+    at = array.array("q", [when for _, when in rows])
     return tally, VerifyCache.of_columns(layout, listing.names, flat, at, samples, listing.key)
 
 
