@@ -45,6 +45,7 @@ from modelfs.store.collect.verify_plan import (
     BATCH_BLOBS as BATCH_BLOBS,
 )
 from modelfs.store.collect.verify_plan import (
+    QuickPlan,
     Tally,
     expected_blobs,
     full_units,
@@ -148,24 +149,32 @@ def _problems(layout: Layout, report: Report, problems: list[BlobCheck], found: 
 class _Found:
     survey: Survey
     kept: tuple[str, str] | None  # for the cache: its mark and text (None: not to be reused)
+    unreferenced: set[str] = field(default_factory=set)  # of the names given, none names
 
 
-def _look(layout: Layout, listed: DirKey | None, saved: tuple[str, str] | None) -> _Found:
+def _look(
+    layout: Layout,
+    listed: DirKey | None,
+    saved: tuple[str, str] | None,
+    names: list[str] | None = None,
+) -> _Found:
     """The store besides blob bytes: with the reach index, as a GC plan reads manifests, and
     with the scan index, as `ls` scans (which models own which blobs: this run checks every
     blob's bytes itself, so nothing it trusts goes unchecked). `saved`: the survey a run made
     before (a quick run's cache), taken again if what it was made of is as it was (blobs/ as
-    listed then, every tag file's stamp): the scan would find the same."""
+    listed then, every tag file's stamp): the scan would find the same. `names`: the listing,
+    of which the names no manifest names are found here too, while the workers are busy."""
     cache = ReachCache.open(layout)
     reach = reachable(layout, cache=cache)
     cache.save(listed=False)
+    unreferenced = set(names).difference(reach.blob_names) if names is not None else set()
     mark = survey_mark(listed, cache.files, reach)
     if mark is not None and saved is not None and saved[0] == mark:
         again = survey_again(saved[1], layout, reach, partial(_scan, layout))
         if again is not None:
-            return _Found(again, saved)
+            return _Found(again, saved, unreferenced)
     found = survey(_scan(layout), reach)
-    return _Found(found, None if mark is None else (mark, survey_text(found)))
+    return _Found(found, None if mark is None else (mark, survey_text(found)), unreferenced)
 
 
 def _scan(layout: Layout) -> StoreIndex:
@@ -176,9 +185,9 @@ def _scan(layout: Layout) -> StoreIndex:
 class _Checked:
     tally: Tally
     cache: VerifyCache | None  # to save (None: the cache on disk says it all)
-    # The blobs (regular files under blob names) this run saw whose names are not in the
-    # set given, with their sizes.
-    others: Callable[[set[str]], list[tuple[str, int]]]
+    # The blobs (regular files under blob names) this run saw that no manifest names and
+    # that are not in the set given, with their sizes.
+    orphans: Callable[[set[str]], list[tuple[str, int]]]
 
 
 async def _check_full(layout: Layout, options: VerifyOptions, found: list[_Found]) -> _Checked:
@@ -194,24 +203,30 @@ async def _check_full(layout: Layout, options: VerifyOptions, found: list[_Found
             results = await _run(pool, (0, 0), total)
     tally, cache = await trio.to_thread.run_sync(settle_full, layout, listing, units, results)
 
-    def others(known: set[str]) -> list[tuple[str, int]]:
-        return [(n, s[1]) for n, s in listing.blobs if n not in known]
+    def orphans(corrupt: set[str]) -> list[tuple[str, int]]:
+        named = found[0].survey.referenced
+        return [(n, s[1]) for n, s in listing.blobs if n not in named and n not in corrupt]
 
     cache.survey = found[0].kept
-    return _Checked(tally, cache, others)
+    return _Checked(tally, cache, orphans)
+
+
+def _quick_plan(layout: Layout) -> tuple[VerifyCache, QuickPlan]:
+    old = VerifyCache.load(layout)
+    names, key = list_names(layout, old)
+    return old, quick_units(names, key, old)
 
 
 async def _check_quick(layout: Layout, options: VerifyOptions, found: list[_Found]) -> _Checked:
-    old = await trio.to_thread.run_sync(VerifyCache.load, layout)
-    names, key = await trio.to_thread.run_sync(list_names, layout, old)
-    plan = quick_units(names, key, old)
+    old, plan = await trio.to_thread.run_sync(_quick_plan, layout)
+    names, key = plan.names, plan.key
     # The workers stat the blobs: until then, what the cache knows of them says what to expect
     # (a new blob counts, its size not yet).
     total = (expected_blobs(plan), sum(plan.flat[1::4]))
     _starting(total, "quick (stat stamps and samples against the last full check)", options)
     with Workers(layout, plan.looks, options.workers) as pool:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_survey, layout, found, key, old.survey)
+            nursery.start_soon(_survey, layout, found, key, old.survey, names)
             looked = await _run(pool, (0, 0), total)
     first = seen(plan, looked)
     units = second_round(plan, first)
@@ -220,13 +235,11 @@ async def _check_quick(layout: Layout, options: VerifyOptions, found: list[_Foun
         log.debug("%s new or changed since the last full check", counted(len(units), "unit"))
         with Workers(layout, units, options.workers) as pool:
             results = await _run(pool, (len(names) - len(first.changed), 0), total)
-    tally, cache = await trio.to_thread.run_sync(
-        settle_quick, layout, plan, old, looked, first, units, results
-    )
+    # A few columns, copied and patched: no thread for that.
+    tally, cache = settle_quick(layout, plan, old, looked, first, units, results)
 
-    def others(known: set[str]) -> list[tuple[str, int]]:
-        # Set operations in C first: most names are known, and few are left to look at.
-        left = set(names).difference(known)
+    def orphans(corrupt: set[str]) -> list[tuple[str, int]]:
+        left = found[0].unreferenced.difference(corrupt)
         if not left:
             return []
         stamps, out = first.stamps, []
@@ -236,7 +249,7 @@ async def _check_quick(layout: Layout, options: VerifyOptions, found: list[_Foun
         return out
 
     cache.survey = found[0].kept
-    return _Checked(tally, None if cache.same(old) else cache, others)
+    return _Checked(tally, None if cache.same(old) else cache, orphans)
 
 
 def _starting(total: tuple[int, int], how: str, options: VerifyOptions) -> None:
@@ -250,9 +263,13 @@ def _starting(total: tuple[int, int], how: str, options: VerifyOptions) -> None:
 
 
 async def _survey(
-    layout: Layout, found: list[_Found], listed: DirKey | None, saved: tuple[str, str] | None
+    layout: Layout,
+    found: list[_Found],
+    listed: DirKey | None,
+    saved: tuple[str, str] | None,
+    names: list[str] | None = None,
 ) -> None:
-    found.append(await trio.to_thread.run_sync(_look, layout, listed, saved))
+    found.append(await trio.to_thread.run_sync(_look, layout, listed, saved, names))
 
 
 async def verify(layout: Layout, options: VerifyOptions | None = None) -> Report:
@@ -276,13 +293,12 @@ async def verify(layout: Layout, options: VerifyOptions | None = None) -> Report
     declared = {m.digest: m.size for m in survey_.missing}
     report.missing = [m for m in survey_.missing if m.digest.blob_name not in corrupt]
     # Largest first, as GC and `ls` show them.
-    report.orphaned = sorted(
-        checked.others(survey_.referenced | corrupt), key=lambda item: (-item[1], item[0])
-    )
-    # The default grace: a daemon's or `modelfs gc --grace` may differ.
-    report.kept = await trio.to_thread.run_sync(
-        gc_keeps, layout, report.orphaned, time.time(), GcPolicy().grace
-    )
+    report.orphaned = sorted(checked.orphans(corrupt), key=lambda item: (-item[1], item[0]))
+    if report.orphaned:
+        # The default grace: a daemon's or `modelfs gc --grace` may differ.
+        report.kept = await trio.to_thread.run_sync(
+            gc_keeps, layout, report.orphaned, time.time(), GcPolicy().grace
+        )
     report.stray = survey_.stray
     report.misnamed = survey_.misnamed
     report.bad_manifests = survey_.bad_manifests
