@@ -3,13 +3,16 @@
     await verify(layout, VerifyOptions(...)) -> Report
     run_verify(root, options) -> Report               under trio.run, for the CLI
 
-1. List `blobs/` (name and stat stamp of each) and, for --quick, load the verify cache.
+1. Full: list `blobs/` with a stat of each blob. Quick: load the verify cache, and list
+   `blobs/` unless it is as the cache's listing found it (store.collect.verify_plan).
 2. Check the blobs in worker processes, one per core (`store.collect.workers`: a small blob
-   costs Python time, not hashing time, and threads would take turns on the GIL), each large
-   blob alone and small ones in batches, largest first; meanwhile this process scans the
-   store (manifests, what they name, strays, misnamed blobs). Full: sha256 of every blob.
-   Quick: a blob whose stamp (inode, size, mtime, ctime) matches the cache passes, after the
-   xxh3 of a sample of it matches too for one of 1 MiB or more; the others get a full check.
+   costs Python time, not hashing time, and threads would take turns on the GIL); meanwhile
+   this process surveys the store (manifests, what they name, strays, misnamed blobs; the last
+   run's survey again while blobs/ and every tag file are as they were). Full: sha256 of every
+   blob, each large one alone and small ones in batches, largest first. Quick: the workers
+   stat the names in runs, and a blob whose stamp (inode, size, mtime, ctime) matches the
+   cache passes, after the xxh3 of a sample of it matches too for one of 1 MiB or more; the
+   others get a full check, in a second round.
 3. The worker that finds a blob corrupt moves it to `.modelfs/quarantine/` by rename at once.
    Out of `blobs/`, it is no longer served: the mount rebuilds its tree when `blobs/` changes
    and lists no file whose blob is missing, and `modelfs serve` opens blobs only from `blobs/`.
