@@ -2,16 +2,18 @@
 
     list_blobs(layout) -> Listing                  full: every name, and a stat of each blob
     full_units(blobs) -> list[Unit]                 every blob to hash, largest first
-    quick_units(names, cache) -> QuickPlan          runs of names to stat against the cache
+    list_names(layout, cache) -> (names, key)       quick: every name, listed or the cache's
+    quick_units(names, key, cache) -> QuickPlan     runs of names to stat against the cache
     settle_full(...) / settle_quick(...)            the report's counts, and the cache to save
 
 A full run stats every blob as it lists them (a unit's cost is its size: large blobs alone,
-small ones in batches, largest first) and hashes each. A quick run only lists `blobs/`: the
-workers stat the names in runs (`Look`), compare each run's stamps with the cache's in one
-go, check the samples of large blobs whose stamp matched, and return the blobs whose stamp
-did not; those get a full check in a second round, planned as a full run's (by the sizes the
-stat gave). The cache keeps its names in the order the listing gave them, so a directory not
-changed since lists the same, and the cache's stamps line up with it as they are.
+small ones in batches, largest first) and hashes each. A quick run only lists `blobs/`, and not
+even that while the directory is as the cache's names were listed from: the workers stat the
+names in runs (`Look`), compare each run's stamps with the cache's in one go, check the samples
+of large blobs whose stamp matched, and return the blobs whose stamp did not; those get a full
+check in a second round, planned as a full run's (by the sizes the stat gave). The cache keeps
+its names in the order the listing gave them, so a directory not changed since lists the same,
+and the cache's stamps line up with it as they are.
 
 The cache written is in that order too, one column entry per name listed (0s for a name with
 no entry: a stray, a blob that failed, or one changed within the racy margin).
