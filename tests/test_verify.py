@@ -451,6 +451,19 @@ def test_cache_keeps_any_name_and_a_damaged_byte_is_caught(
         ]
 
 
+def test_the_json_cache_of_modelfs_before_is_ignored_and_replaced(tmp_path: Path) -> None:
+    m = Model(tmp_path / "models")
+    old = VerifyCache.path_for(m.layout).with_name("cache.json")
+    old.parent.mkdir(parents=True)
+    old.write_text('{"version":2,"names":[],"stamps":"","verified_at":"","samples":{}}\n')
+    rc, report, err = verify(m.root, "--quick")
+    assert rc == 0 and report["checked"]["sha256"] == 4
+    assert "is of an older modelfs; ignoring it" in err
+    assert not old.exists() and VerifyCache.path_for(m.layout).exists()
+    rc, report, err = verify(m.root, "--quick")
+    assert rc == 0 and report["checked"]["xxh3_only"] == 4 and "verify cache" not in err
+
+
 def test_a_blob_changed_within_the_racy_margin_gets_no_cache_entry(tmp_path: Path) -> None:
     """A write within one ctime tick after a full check leaves the blob's stamp as it was
     recorded: so a blob whose ctime is within RACY_NS of its check gets no entry, and the
