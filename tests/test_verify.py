@@ -426,7 +426,7 @@ def test_cache_keeps_any_name_and_a_damaged_byte_is_caught(
     flat = array.array("q", [7, 2 << 20, 3, 4, 0, 0, 0, 0, 0, 0, 0, 0, 9, 1, 2, 3])
     at = array.array("q", [100, 0, 0, 101])
     samples = {names[0]: "0123456789abcdef" * 2}
-    cache = VerifyCache.of_columns(layout, names, flat, at, samples, (5, 6))
+    cache = VerifyCache.of_columns(layout, names, flat, at, samples, (5, 6, 8))
     assert cache.save()
     back = VerifyCache.load(layout)
     assert (back.names, back.flat, back.at, back.samples, back.listed) == (
@@ -434,7 +434,7 @@ def test_cache_keeps_any_name_and_a_damaged_byte_is_caught(
         flat,
         at,
         samples,
-        (5, 6),
+        (5, 6, 8),
     )
     assert set(back.stamps) == {names[0], "x"}  # a name with 0s has no entry
     assert back.get(names[0]) == CacheEntry((7, 2 << 20, 3, 4), samples[names[0]], 100)

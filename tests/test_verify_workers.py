@@ -229,6 +229,31 @@ def test_quick_takes_the_last_survey_again_only_while_the_tags_and_blobs_stay(
     assert [o.label for o in corrupt.owners] == ["llama3.2:3b"] and scans == [1]
 
 
+def test_quick_sees_blobs_come_and_go_with_the_mtime_of_blobs_put_back(tmp_path: Path) -> None:
+    """A blob added, one a manifest names deleted and a partial left, with blobs/'s mtime then
+    put back (as `rsync -a` or `tar -x` restores a directory's): blobs/'s ctime moved, so
+    --quick lists it again, checks the new blob, and the scan sees the missing one."""
+    tiny, payloads = many_small(tmp_path / "models", 20)
+    assert verify(tiny.root)[0] == 0
+    assert verify(tiny.root, "--quick")[0] == 0  # the listing is known by blobs/'s key now
+    blobs = tiny.layout.blobs
+    st = blobs.stat()
+    added = Digest("ab" * 32)
+    (blobs / added.blob_name).write_bytes(b"not those bytes")
+    deleted = Digest.of_bytes(payloads[3])
+    (blobs / deleted.blob_name).unlink()
+    partial = f"blobs/{Digest('cd' * 32).blob_name}-partial"
+    (tiny.root / partial).write_bytes(bytes(10))
+    os.utime(blobs, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert blobs.stat().st_mtime_ns == st.st_mtime_ns
+
+    rc, report, _ = verify(tiny.root, "--quick")
+    assert rc == 1 and report["unreadable"] == []
+    assert [c["blob"] for c in report["corrupt"]] == [f"blobs/{added.blob_name}"]
+    assert [m["digest"] for m in report["missing"]] == [str(deleted)]
+    assert [f["path"] for f in report["stray"]["files"]] == [partial]
+
+
 # -- what --quick cannot catch, as docs/gc.md says ---------------------------------------------
 def test_quick_misses_damage_below_the_filesystem_in_a_small_blob_and_full_does_not(
     tmp_path: Path,

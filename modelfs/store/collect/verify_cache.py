@@ -33,12 +33,12 @@ from modelfs.store.layout import Layout
 log = logging.getLogger(__name__)
 
 MAGIC = b"modelfs verify cache\n"
-VERSION = 3  # 1 and 2: cache.json
+VERSION = 4  # 1 and 2: cache.json; 3: blobs/'s key without its ctime
 # version, crc32 of what follows the header, names, bytes of names, bytes of samples, bytes of
-# the survey, whether `listed` holds, blobs/'s inode and mtime_ns then
-_HEADER = struct.Struct("<IIQQQQQqq")
+# the survey, whether `listed` holds, blobs/'s inode, mtime_ns and ctime_ns then
+_HEADER = struct.Struct("<IIQQQQQqqq")
 _SAMPLE_HEX = 32
-DirKey = tuple[int, int]  # a directory's (inode, mtime_ns)
+DirKey = tuple[int, int, int]  # a directory's (inode, mtime_ns, ctime_ns)
 
 
 class VerifyCache:
@@ -46,9 +46,10 @@ class VerifyCache:
     listing of blobs/ that saved it gave them (every name it gave, so that the next listing of
     an unchanged directory is the same list, compared whole), `flat` their stamps (4 ints a
     name, all 0 for a name with no entry: a stray, a blob that failed), `at` their check times,
-    and `samples` by name; `listed`: blobs/'s (inode, mtime_ns) when it was listed, if that was
-    out of the racy margin (a name comes or goes only by a create, rename or unlink there, each
-    of which moves its mtime: while it is the same, so is the listing); `survey`: the last
+    and `samples` by name; `listed`: blobs/'s (inode, mtime_ns, ctime_ns) when it was listed,
+    if that was out of the racy margin (a name comes or goes only by a create, rename or unlink
+    there, each of which moves its ctime, which no program can set back as `rsync -a` sets the
+    mtime: while it is the same, so is the listing); `survey`: the last
     survey of the store, and the mark of what it was made of (verify_report.survey_mark).
 
     `stamps` and `times` are the same as dicts by name (of the names with an entry), made when
@@ -186,7 +187,7 @@ class VerifyCache:
     def _read(self, raw: bytes) -> None:
         if not raw.startswith(MAGIC):
             raise ValueError("not a verify cache")
-        version, crc, n, names_len, samples_len, survey_len, has_key, ino, mtime = (
+        version, crc, n, names_len, samples_len, survey_len, has_key, ino, mtime, ctime = (
             _HEADER.unpack_from(raw, len(MAGIC))
         )
         if version != VERSION:
@@ -224,7 +225,7 @@ class VerifyCache:
             flat[4 * i : 4 * i + 4] = array.array("q", bytes(32))
         self.names, self.flat, self.at = names, flat, at
         self.samples = samples if len(good) == len(samples) else {n: samples[n] for n in good}
-        self.listed = (ino, mtime) if has_key else None
+        self.listed = (ino, mtime, ctime) if has_key else None
 
     def save(self) -> bool:
         """Write atomically (temp file in the same directory, fsync, rename); False, with a
@@ -246,7 +247,7 @@ class VerifyCache:
         pairs = "\0".join(itertools.chain.from_iterable(samples.items())).encode("ascii")
         survey = "\0".join(self.survey).encode() if self.survey is not None else b""
         body = b"".join((blob, flat.tobytes(), at.tobytes(), pairs, survey))
-        key = listed or (0, 0)
+        key = listed or (0, 0, 0)
         counts = (len(names), len(blob), len(pairs), len(survey))
         head = _HEADER.pack(VERSION, zlib.crc32(body), *counts, bool(listed), *key)
         try:

@@ -62,7 +62,9 @@ def _key(st: os.stat_result, since: int) -> DirKey | None:
     the listing begun at `since` (a change then could keep the same mtime)."""
     if racy(max(st.st_mtime_ns, st.st_ctime_ns), since):
         return None
-    return (st.st_ino, st.st_mtime_ns)  # not st_dev: each NFS client numbers it its own way
+    # The ctime too: a name that came or went with the mtime then put back (`rsync -a`, `tar
+    # -x` restore a directory's) moved it. Not st_dev: each NFS client numbers it its own way.
+    return (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def list_names(layout: Layout, cache: VerifyCache) -> tuple[list[str], DirKey | None]:

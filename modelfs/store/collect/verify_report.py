@@ -198,16 +198,16 @@ SURVEY_FORMAT = 1
 
 
 def survey_mark(
-    listed: tuple[int, int] | None,
+    listed: tuple[int, int, int] | None,
     files: Mapping[str, tuple[tuple[int, ...], tuple[str, ...]]],
     reach: Reach,
 ) -> str | None:
-    """What a survey is made of, as one digest: blobs/'s (inode, mtime_ns) (its names, and the
-    sizes the scan index trusts while it stays), the stamp of every tag file (the reach index's,
-    `files`: what is in a tag file stays while its stamp does, as the scan index has it too), and
-    what the reach walk found wrong. None when some of it is not known to stay: blobs/ changed
-    within the racy margin, or a tag file the reach index does not keep (too new to, a list,
-    one that cannot be read or has no tag's name)."""
+    """What a survey is made of, as one digest: blobs/'s (inode, mtime_ns, ctime_ns) (its names,
+    and the sizes the scan index trusts while it stays), the stamp of every tag file (the reach
+    index's, `files`: what is in a tag file stays while its stamp does, as the scan index has
+    it too), and what the reach walk found wrong. None when some of it is not known to stay:
+    blobs/ changed within the racy margin, or a tag file the reach index does not keep (too
+    new to, a list, one that cannot be read or has no tag's name)."""
     if listed is None or len(files) != reach.tags:
         return None
     problems = [(p.kind, p.path, p.message) for p in (*reach.strays, *reach.unreadable)]

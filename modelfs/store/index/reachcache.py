@@ -31,7 +31,7 @@ MAGIC = b"modelfs reach index\n"
 FILE_NAME = "reach-index"
 
 Key = tuple[int, ...]  # a file's stamp, or a link's and its target's
-Listing = tuple[tuple[int, int], tuple[str, ...]]  # a directory's (inode, mtime_ns), its names
+Listing = tuple[tuple[int, int, int], tuple[str, ...]]  # a directory's (ino, mtime, ctime), names
 
 
 @dataclass(slots=True)
@@ -95,10 +95,11 @@ class ReachCache:
 
     def listdir(self, directory: Path) -> list[str]:
         """os.listdir(directory) (blobs/), or the names it gave while the directory's (inode,
-        mtime_ns) is as it was: a name comes or goes only by a create, rename or unlink
-        there, each of which moves its mtime."""
+        mtime_ns, ctime_ns) is as it was: a name comes or goes only by a create, rename or
+        unlink there, each of which moves its ctime (`rsync -a` puts an mtime back, not that).
+        Not st_dev: each NFS client numbers it its own way."""
         st = os.stat(directory)
-        key = (st.st_ino, st.st_mtime_ns)  # not st_dev: each NFS client numbers it its own way
+        key = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
         if self.listing is not None and self.listing[0] == key:
             self._listing = self.listing
             return list(self.listing[1])
