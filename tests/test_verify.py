@@ -414,6 +414,33 @@ def test_damaged_cache_is_ignored_with_one_line(tmp_path: Path, damage: bytes) -
     assert "verify cache" not in err
 
 
+@pytest.mark.parametrize("kind", ["fifo", "symlink"])
+def test_a_cache_that_is_no_regular_file_is_ignored_not_waited_on(
+    tmp_path: Path, kind: str
+) -> None:
+    """A FIFO where the cache is (or a link to one) would block the read for ever; a link
+    could also lead to /dev/zero. Opened as the indexes are: not followed, not blocking."""
+    m = Model(tmp_path / "models")
+    assert verify(m.root)[0] == 0
+    path = VerifyCache.path_for(m.layout)
+    path.unlink()
+    fifo = path if kind == "fifo" else tmp_path / "fifo"
+    os.mkfifo(fifo)
+    if kind == "symlink":
+        path.symlink_to(fifo)
+    proc = subprocess.run(
+        command("verify", "--store", str(m.root), "--json", "--quick"),
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+    err = proc.stderr.decode()
+    assert proc.returncode == 0, err
+    assert json.loads(proc.stdout)["checked"]["sha256"] == 4  # nothing trusted from it
+    [line] = [line for line in err.splitlines() if "verify cache" in line]
+    assert "ignoring it" in line
+
+
 def test_cache_keeps_any_name_and_a_damaged_byte_is_caught(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

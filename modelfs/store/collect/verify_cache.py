@@ -21,12 +21,14 @@ import array
 import contextlib
 import itertools
 import logging
+import os
 import struct
 import sys
 import zlib
 from pathlib import Path
 
 from modelfs.store.collect.verify import SAMPLE_FROM, CacheEntry, Stamp
+from modelfs.store.disk.fileio import open_stat
 from modelfs.store.disk.owner import write_atomic
 from modelfs.store.layout import Layout
 
@@ -168,7 +170,7 @@ class VerifyCache:
         path = cls.path_for(layout)
         cache = cls(layout)
         try:
-            raw = path.read_bytes()
+            raw = _read_regular(path)
         except FileNotFoundError:
             if path.with_name("cache.json").exists():
                 # modelfs before this format: every blob gets one full check.
@@ -258,6 +260,14 @@ class VerifyCache:
         with contextlib.suppress(OSError):
             path.with_name("cache.json").unlink()  # modelfs before this format's
         return True
+
+
+def _read_regular(path: Path) -> bytes:
+    """The bytes of the regular file at `path`: a FIFO there would block a read for ever, and
+    a link could lead anywhere (/dev/zero), so neither is followed or waited on (OSError)."""
+    fd, _ = open_stat(path, follow=False)
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
 
 
 def _int64s(data: memoryview) -> array.array[int]:
