@@ -254,6 +254,28 @@ def test_quick_sees_blobs_come_and_go_with_the_mtime_of_blobs_put_back(tmp_path:
     assert [f["path"] for f in report["stray"]["files"]] == [partial]
 
 
+@pytest.mark.parametrize("kind", ["fifo", "symlink", "directory"])
+def test_quick_reports_a_large_blob_become_no_file_as_a_full_run_does(
+    tmp_path: Path, kind: str
+) -> None:
+    """A large blob (one the cache has a sample of) that is now a FIFO, a link or a directory
+    is missing, as a full run says, not a blob whose sample could not be read."""
+    m = Model(tmp_path / "models", size=2 * SAMPLE_FROM)
+    assert verify(m.root)[0] == 0
+    m.blob.unlink()
+    if kind == "fifo":
+        os.mkfifo(m.blob)
+    elif kind == "symlink":
+        m.blob.symlink_to(m.layout.blob(Digest.of_bytes(b"MIT")))
+    else:
+        m.blob.mkdir()
+    rc, quick, _ = verify(m.root, "--quick")
+    rc_full, full, _ = verify(m.root)
+    assert rc == rc_full == 1
+    assert quick["problems"] == full["problems"] == ["1 missing"]
+    assert findings(quick) == findings(full)
+
+
 # -- what --quick cannot catch, as docs/gc.md says ---------------------------------------------
 def test_quick_misses_damage_below_the_filesystem_in_a_small_blob_and_full_does_not(
     tmp_path: Path,

@@ -404,8 +404,10 @@ def look_batch(
     out.blobs = len(names) - len(out.left)
     out.bytes = sum(now[1::4])
     if look.samples:
-        changed = set(out.changed)
-        out.sampled_at = [i for i in look.samples if i not in changed]
+        # Not a blob whose stamp differs, nor a name that is no blob now (a FIFO, a link, a
+        # directory where a large blob was: the scan reports it, as a full run's does).
+        skip = set(out.changed).union(out.left)
+        out.sampled_at = [i for i in look.samples if i not in skip]
         entries: list[CacheEntry | None] = [
             CacheEntry(_stamp_at(cached, i), look.samples[i], 0) for i in out.sampled_at
         ]
