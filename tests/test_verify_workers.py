@@ -276,6 +276,23 @@ def test_quick_reports_a_large_blob_become_no_file_as_a_full_run_does(
     assert findings(quick) == findings(full)
 
 
+def test_quick_keeps_the_new_listing_when_only_a_name_with_no_entry_came(tmp_path: Path) -> None:
+    """A stray that came to blobs/ changes no entry, and with a manifest list in the store no
+    survey is kept either: the cache is still to be written, with the listing and blobs/'s
+    key as they are now, or every later --quick lists blobs/ again and aligns it by name."""
+    tiny, _ = many_small(tmp_path / "models", 20)
+    child = tiny.manifest([tiny.layer("model", b"child weights")])
+    tiny.legacy("listed:1", tiny.manifest_list([(child, "llama", "gguf")]))
+    assert verify(tiny.root)[0] == 0
+    assert verify(tiny.root, "--quick")[0] == 0
+    (tiny.layout.blobs / "sha256-partial-1").write_bytes(b"x")
+    assert verify(tiny.root, "--quick")[0] == 0
+    cache = VerifyCache.load(tiny.layout)
+    st = tiny.layout.blobs.stat()
+    assert cache.listed == (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+    assert sorted(cache.names) == sorted(os.listdir(tiny.layout.blobs))
+
+
 # -- what --quick cannot catch, as docs/gc.md says ---------------------------------------------
 def test_quick_misses_damage_below_the_filesystem_in_a_small_blob_and_full_does_not(
     tmp_path: Path,

@@ -55,7 +55,7 @@ class VerifyCache:
     survey of the store, and the mark of what it was made of (verify_report.survey_mark).
 
     `stamps` and `times` are the same as dicts by name (of the names with an entry), made when
-    first asked for; once made, they are what `put`, `same` and `save` go by."""
+    first asked for; once `put` changed them, they are what `same` and `save` go by."""
 
     def __init__(self, layout: Layout) -> None:
         self.layout = layout
@@ -67,6 +67,7 @@ class VerifyCache:
         self.survey: tuple[str, str] | None = None
         self._stamps: dict[str, Stamp] | None = None
         self._times: dict[str, int] | None = None
+        self._edited = False  # by `put`: the columns are no longer what it holds
 
     @classmethod
     def of_columns(
@@ -127,6 +128,7 @@ class VerifyCache:
         return CacheEntry(stamp, self.samples.get(name), self.times[name])
 
     def put(self, name: str, entry: CacheEntry) -> None:
+        self._edited = True
         self.stamps[name] = entry.stamp
         self.times[name] = entry.verified_at
         if entry.sample is None:
@@ -140,22 +142,24 @@ class VerifyCache:
         return {name: e for name in self.stamps if (e := self.get(name)) is not None}
 
     def same(self, other: VerifyCache) -> bool:
-        """The same entries, in columns of the same order (what the next listing compares)."""
-        if self._stamps is None and other._stamps is None:
-            return (self.names, self.flat, self.at, self.samples, self.listed, self.survey) == (
-                other.names,
-                other.flat,
-                other.at,
-                other.samples,
-                other.listed,
-                other.survey,
-            )
-        return (list(self.stamps.items()), self.times, self.samples, self.survey) == (
-            list(other.stamps.items()),
-            other.times,
-            other.samples,
-            other.survey,
-        )
+        """Whether both would save the same file: the same entries, in columns of the same
+        order (what the next listing compares), blobs/'s key and survey. Not the entries alone:
+        a name with none that came (a stray) changes the listing and the key, and a cache not
+        saved for it has every later run list blobs/ again."""
+        return (*self._columns(), self.survey) == (*other._columns(), other.survey)
+
+    def _columns(
+        self,
+    ) -> tuple[list[str], array.array[int], array.array[int], dict[str, str], DirKey | None]:
+        """names, stamps, check times, samples and blobs/'s key, as `save` writes them."""
+        if not self._edited or self._stamps is None or self._times is None:
+            return self.names, self.flat, self.at, self.samples, self.listed
+        # The names are the listing only while they are the columns as they came.
+        names = list(self._stamps)
+        flat = array.array("q", itertools.chain.from_iterable(self._stamps.values()))
+        at = array.array("q", map(self._times.__getitem__, names))
+        samples = {n: s for n, s in self.samples.items() if n in self._stamps}
+        return names, flat, at, samples, None
 
     @staticmethod
     def path_for(layout: Layout) -> Path:
@@ -233,16 +237,9 @@ class VerifyCache:
         """Write atomically (temp file in the same directory, fsync, rename); False, with a
         warning, where the store cannot be written (a read-only store can still be verified)."""
         path = self.path
-        if self._stamps is None or self._times is None:
-            names, flat, at = self.names, array.array("q", self.flat), array.array("q", self.at)
-            samples, listed = self.samples, self.listed
-        else:
-            # The names are the listing only while they are the columns as they came.
-            names, listed = list(self._stamps), None
-            flat = array.array("q", itertools.chain.from_iterable(self._stamps.values()))
-            at = array.array("q", map(self._times.__getitem__, names))
-            samples = {n: s for n, s in self.samples.items() if n in self._stamps}
+        names, flat, at, samples, listed = self._columns()
         if sys.byteorder == "big":
+            flat, at = array.array("q", flat), array.array("q", at)  # not ours to swap
             flat.byteswap()
             at.byteswap()
         blob = "\0".join(names).encode("utf-8", "surrogateescape")
