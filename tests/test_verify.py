@@ -441,6 +441,27 @@ def test_a_cache_that_is_no_regular_file_is_ignored_not_waited_on(
     assert "ignoring it" in line
 
 
+@pytest.mark.parametrize("how", ["group-writable", "someone else's"])
+def test_a_cache_others_could_write_is_ignored(tmp_path: Path, how: str) -> None:
+    """The cache says which blobs --quick need not read, which names blobs/ holds and what
+    the last survey found: one that a user other than the store's could have written is not
+    trusted (as the indexes are not: store.index.indexfile)."""
+    m = Model(tmp_path / "models")
+    assert verify(m.root)[0] == 0
+    path = VerifyCache.path_for(m.layout)
+    if how == "group-writable":
+        path.chmod(0o664)
+    else:
+        if os.geteuid() != 0:
+            pytest.skip("needs root to give the file away")
+        os.chown(path, 65534, 65534)
+    rc, report, err = verify(m.root, "--quick")
+    assert rc == 0 and report["checked"]["sha256"] == 4  # nothing trusted from it
+    [line] = [line for line in err.splitlines() if "verify cache" in line]
+    assert "ignoring it" in line
+    assert path.stat().st_uid == m.root.stat().st_uid and not path.stat().st_mode & 0o022
+
+
 def test_cache_keeps_any_name_and_a_damaged_byte_is_caught(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

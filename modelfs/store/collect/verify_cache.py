@@ -10,15 +10,17 @@ name it gave, NUL-separated: a name cannot hold a NUL), their stamps (4 little-e
 name: inode, size, mtime_ns, ctime_ns; all 0 for a name with no entry, such as a stray), their
 check times (one int64 a name, Unix seconds), the samples (`name NUL hex` pairs) and the last
 survey of the store besides blobs (`mark NUL text`: verify_report.survey_mark, survey_text). No
-marshal or pickle: a store may be someone else's, and this file is read as data only. A file
-that is not one, or fails its checksum, is ignored with one warning (every blob then gets a
-full check); so is the JSON cache.json of modelfs before it, once.
+marshal or pickle: a store may be someone else's, and this file is read as data only, and only
+from a regular file that no one but us and the store's owner can write (it decides which
+blobs go unread). A file that is not one, or fails its checksum, is ignored with one warning
+(every blob then gets a full check); so is the JSON cache.json of modelfs before it, once.
 """
 
 from __future__ import annotations
 
 import array
 import contextlib
+import errno
 import itertools
 import logging
 import os
@@ -174,7 +176,7 @@ class VerifyCache:
         path = cls.path_for(layout)
         cache = cls(layout)
         try:
-            raw = _read_regular(path)
+            raw = _read_regular(path, layout.root)
         except FileNotFoundError:
             if path.with_name("cache.json").exists():
                 # modelfs before this format: every blob gets one full check.
@@ -259,11 +261,15 @@ class VerifyCache:
         return True
 
 
-def _read_regular(path: Path) -> bytes:
+def _read_regular(path: Path, root: Path) -> bytes:
     """The bytes of the regular file at `path`: a FIFO there would block a read for ever, and
-    a link could lead anywhere (/dev/zero), so neither is followed or waited on (OSError)."""
-    fd, _ = open_stat(path, follow=False)
+    a link could lead anywhere (/dev/zero), so neither is followed or waited on (OSError).
+    PermissionError for a file that a user other than us or the store's owner could have
+    written: what it says decides which blobs go unread."""
+    fd, st = open_stat(path, follow=False)
     with os.fdopen(fd, "rb") as f:
+        if st.st_mode & 0o022 or st.st_uid not in (os.geteuid(), os.stat(root).st_uid):
+            raise PermissionError(errno.EPERM, "writable by another user")
         return f.read()
 
 
