@@ -612,6 +612,24 @@ def test_tag_history_keeps_old_versions_from_every_gc_for_its_retention(
     assert not present(store, old_blob)
 
 
+def test_the_plan_sees_a_blob_come_with_the_mtime_of_blobs_put_back(
+    store: TinyStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reach index keeps blobs/'s listing by its key: a blob added with the directory's
+    mtime then put back (`rsync -a`, `tar -x`) moved its ctime, so the plan lists it again."""
+    from modelfs.store.index import indexfile
+
+    monkeypatch.setattr(indexfile, "RACY_NS", 0)  # a listing just made may be kept
+    store.gguf_model("keep:1")
+    policy = GcPolicy(grace=0, below_floor=True)
+    plan_gc(store.layout, policy)  # the reach index keeps the listing of blobs/
+    st = store.layout.blobs.stat()
+    junk = orphan(store, b"y" * 1000)
+    os.utime(store.layout.blobs, ns=(st.st_atime_ns, st.st_mtime_ns))
+    plan = plan_gc(store.layout, policy)
+    assert junk.blob_name in [i.path.name for i in plan.pending + plan.trash]
+
+
 def test_a_purge_looks_again_and_never_trusts_the_reach_index(
     store: TinyStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -21,7 +21,8 @@ from typing import Any
 import httpx
 import pytest
 
-from modelfs.store.collect.verify import FileKey, VerifyCache, check_blob, quarantine_blob
+from modelfs.store.collect.verify import CacheEntry, FileKey, check_blob, quarantine_blob
+from modelfs.store.collect.verify_cache import VerifyCache
 from modelfs.store.digest import Digest
 from modelfs.store.history import TagHistory
 from modelfs.store.layout import Layout
@@ -67,10 +68,24 @@ class Model:
         return json.loads(self.raw)["layers"]  # type: ignore[no-any-return]
 
 
-def verify(root: Path, *args: str) -> tuple[int, dict[str, Any], str]:
+# The stores here are written a moment before they are verified, within the verify cache's
+# racy margin (indexfile.RACY_NS), in which a check keeps no cache entry and a --quick after it
+# hashes everything again. So the command runs as it ships but for that margin, at 0; a test
+# of the margin itself passes `racy=True` (the real one).
+NO_RACY_MARGIN = (
+    "import modelfs.store.index.indexfile as f; f.RACY_NS = 0; from modelfs.cli import main; main()"
+)
+
+
+def command(*args: str, racy: bool = False) -> list[str]:
+    """`modelfs *args`, without the racy margin unless `racy`."""
+    return [MODELFS, *args] if racy else [sys.executable, "-c", NO_RACY_MARGIN, *args]
+
+
+def verify(root: Path, *args: str, racy: bool = False) -> tuple[int, dict[str, Any], str]:
     """`modelfs verify --json` as a process: (exit status, report, stderr)."""
     proc = subprocess.run(
-        [MODELFS, "verify", "--store", str(root), "--json", *args],
+        command("verify", "--store", str(root), "--json", *args, racy=racy),
         capture_output=True,
         timeout=120,
         check=False,
@@ -83,7 +98,7 @@ def verify(root: Path, *args: str) -> tuple[int, dict[str, Any], str]:
 
 def verify_text(root: Path, *args: str) -> tuple[int, str]:
     proc = subprocess.run(
-        [MODELFS, "verify", "--store", str(root), *args],
+        command("verify", "--store", str(root), *args),
         capture_output=True,
         timeout=120,
         check=False,
@@ -397,6 +412,151 @@ def test_damaged_cache_is_ignored_with_one_line(tmp_path: Path, damage: bytes) -
     rc, report, err = verify(m.root, "--quick")
     assert rc == 0 and report["checked"]["xxh3_only"] == 4
     assert "verify cache" not in err
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink"])
+def test_a_cache_that_is_no_regular_file_is_ignored_not_waited_on(
+    tmp_path: Path, kind: str
+) -> None:
+    """A FIFO where the cache is (or a link to one) would block the read for ever; a link
+    could also lead to /dev/zero. Opened as the indexes are: not followed, not blocking."""
+    m = Model(tmp_path / "models")
+    assert verify(m.root)[0] == 0
+    path = VerifyCache.path_for(m.layout)
+    path.unlink()
+    fifo = path if kind == "fifo" else tmp_path / "fifo"
+    os.mkfifo(fifo)
+    if kind == "symlink":
+        path.symlink_to(fifo)
+    proc = subprocess.run(
+        command("verify", "--store", str(m.root), "--json", "--quick"),
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+    err = proc.stderr.decode()
+    assert proc.returncode == 0, err
+    assert json.loads(proc.stdout)["checked"]["sha256"] == 4  # nothing trusted from it
+    [line] = [line for line in err.splitlines() if "verify cache" in line]
+    assert "ignoring it" in line
+
+
+@pytest.mark.parametrize("how", ["group-writable", "someone else's"])
+def test_a_cache_others_could_write_is_ignored(tmp_path: Path, how: str) -> None:
+    """The cache says which blobs --quick need not read, which names blobs/ holds and what
+    the last survey found: one that a user other than the store's could have written is not
+    trusted (as the indexes are not: store.index.indexfile)."""
+    m = Model(tmp_path / "models")
+    assert verify(m.root)[0] == 0
+    path = VerifyCache.path_for(m.layout)
+    if how == "group-writable":
+        path.chmod(0o664)
+    else:
+        if os.geteuid() != 0:
+            pytest.skip("needs root to give the file away")
+        os.chown(path, 65534, 65534)
+    rc, report, err = verify(m.root, "--quick")
+    assert rc == 0 and report["checked"]["sha256"] == 4  # nothing trusted from it
+    [line] = [line for line in err.splitlines() if "verify cache" in line]
+    assert "ignoring it" in line
+    assert path.stat().st_uid == m.root.stat().st_uid and not path.stat().st_mode & 0o022
+
+
+def test_cache_keeps_any_name_and_a_damaged_byte_is_caught(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Names as a listing gives them, whatever they hold (a newline, bytes that are not UTF-8),
+    in order, with 0s for a name with no entry; a byte changed anywhere fails the checksum."""
+    import array
+
+    layout = Layout(tmp_path / "models")
+    names = [Digest("a" * 64).blob_name, "odd\nname", os.fsdecode(b"\xff-partial"), "x"]
+    flat = array.array("q", [7, 2 << 20, 3, 4, 0, 0, 0, 0, 0, 0, 0, 0, 9, 1, 2, 3])
+    at = array.array("q", [100, 0, 0, 101])
+    samples = {names[0]: "0123456789abcdef" * 2}
+    cache = VerifyCache.of_columns(layout, names, flat, at, samples, (5, 6, 8))
+    assert cache.save()
+    back = VerifyCache.load(layout)
+    assert (back.names, back.flat, back.at, back.samples, back.listed) == (
+        names,
+        flat,
+        at,
+        samples,
+        (5, 6, 8),
+    )
+    assert set(back.stamps) == {names[0], "x"}  # a name with 0s has no entry
+    assert back.get(names[0]) == CacheEntry((7, 2 << 20, 3, 4), samples[names[0]], 100)
+    raw = bytearray(VerifyCache.path_for(layout).read_bytes())
+    for at_ in (len(raw) - 1, len(raw) // 2):
+        damaged = bytearray(raw)
+        damaged[at_] ^= 1
+        VerifyCache.path_for(layout).write_bytes(damaged)
+        caplog.clear()
+        assert VerifyCache.load(layout).names == []
+        assert [r.message for r in caplog.records if "verify cache" in r.message] == [
+            f"verify cache {VerifyCache.path_for(layout)} is damaged (length or checksum); "
+            "ignoring it"
+        ]
+
+
+def test_the_json_cache_of_modelfs_before_is_ignored_and_replaced(tmp_path: Path) -> None:
+    m = Model(tmp_path / "models")
+    old = VerifyCache.path_for(m.layout).with_name("cache.json")
+    old.parent.mkdir(parents=True)
+    old.write_text('{"version":2,"names":[],"stamps":"","verified_at":"","samples":{}}\n')
+    rc, report, err = verify(m.root, "--quick")
+    assert rc == 0 and report["checked"]["sha256"] == 4
+    assert "is of an older modelfs; ignoring it" in err
+    assert not old.exists() and VerifyCache.path_for(m.layout).exists()
+    rc, report, err = verify(m.root, "--quick")
+    assert rc == 0 and report["checked"]["xxh3_only"] == 4 and "verify cache" not in err
+
+
+def test_a_blob_changed_within_the_racy_margin_gets_no_cache_entry(tmp_path: Path) -> None:
+    """A write within one ctime tick after a full check leaves the blob's stamp as it was
+    recorded: so a blob whose ctime is within RACY_NS of its check gets no entry, and the
+    next --quick hashes it, rather than pass it on a stamp that cannot tell."""
+    m = Model(tmp_path / "models")
+    rc, report, _ = verify(m.root, racy=True)  # the blobs were written a moment ago
+    assert rc == 0 and report["checked"]["sha256"] == 4
+    assert VerifyCache.load(m.layout).entries == {}
+    rc, report, _ = verify(m.root, "--quick", racy=True)
+    assert rc == 0 and report["checked"]["sha256"] == 4 and report["checked"]["xxh3_only"] == 0
+    # Out of the margin (0 here), the same blobs are recorded and then pass on their stamps.
+    assert verify(m.root)[0] == 0
+    assert set(VerifyCache.load(m.layout).entries) == {p.name for p in m.layout.blobs.iterdir()}
+    rc, report, _ = verify(m.root, "--quick", racy=True)
+    assert rc == 0 and report["checked"]["xxh3_only"] == 4
+
+
+def test_a_blob_written_while_it_is_hashed_gets_no_cache_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stamp is taken again after the read: a write meanwhile (here after the last byte
+    was hashed, its mtime put back) keeps the blob out of the cache, so --quick hashes it."""
+    import modelfs.store.collect.verify as sv
+    from modelfs.store.index import indexfile
+
+    monkeypatch.setattr(indexfile, "RACY_NS", 0)
+    m = Model(tmp_path / "models")
+    real = sv.hash_fd
+
+    def hash_then_zero(fd: int, **kw: Any) -> sv.Hashes:
+        hashes = real(fd, **kw)
+        if os.fstat(fd).st_ino == m.blob.stat().st_ino:
+            zero_in_place(m.blob)
+        return hashes
+
+    monkeypatch.setattr(sv, "hash_fd", hash_then_zero)
+    report = run_verify(m.root, VerifyOptions(workers=1))
+    monkeypatch.setattr(sv, "hash_fd", real)
+    assert report.ok  # its bytes matched its name when they were read
+    assert set(VerifyCache.load(m.layout).stamps) == {
+        p.name for p in m.layout.blobs.iterdir() if p != m.blob
+    }
+    report = run_verify(m.root, VerifyOptions(quick=True, workers=1))
+    assert [c.name for c in report.corrupt] == [m.digest.blob_name]
+    assert report.sha256 == 1
 
 
 # -- repair -------------------------------------------------------------------------------------

@@ -108,7 +108,7 @@ Corrupt blobs are moved to <store>/.modelfs/quarantine/ and are then no longer s
 or `modelfs serve`. With --repair-from, each corrupt or missing blob is fetched again from the
 peers, verified, and its quarantined copy deleted.
 
-Cache: <store>/.modelfs/verify/cache.json records, for each blob that passed a full check, its
+Cache: <store>/.modelfs/verify/cache records, for each blob that passed a full check, its
 stat stamp (inode, size, mtime, ctime) and, for a blob of 1 MiB or more, the xxh3 of a sample of
 16 pieces of it (at most a 16th). A full run hashes every blob with sha256, reading every byte.
 --quick passes a blob whose stamp matches the cache (and whose sample still hashes the same)

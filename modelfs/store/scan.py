@@ -228,7 +228,8 @@ class Scanner:
         dst = None  # if so, the listing says why
         with contextlib.suppress(OSError):
             dst = os.stat(self.layout.blobs)
-        key = None if dst is None else (dst.st_ino, dst.st_mtime_ns)  # as Listing says
+        # As Listing says (the ctime too: an mtime put back by `rsync -a` leaves it moved).
+        key = None if dst is None else (dst.st_ino, dst.st_mtime_ns, dst.st_ctime_ns)
         known = self.cache.listing if self.cache is not None else None
         if known is not None and known[0] == key:
             assert dst is not None

@@ -54,6 +54,7 @@ class Reach:
     # listing: a large store names 100,000 blobs, and needs no Digest object for each.
     blob_names: set[str] = field(default_factory=set)
     manifests: int = 0  # manifest files read
+    tags: int = 0  # files where a tag would be (depth 4 of a manifests tree), of any name
     unreadable: list[Problem] = field(default_factory=list)  # GC must not delete while any
     strays: list[Problem] = field(default_factory=list)  # harmless: no manifest can be there
     removed: list[Problem] = field(default_factory=list)  # v2 links `ollama rm` left: no roots
@@ -85,6 +86,8 @@ class _Reader:
         top, cache = root.name, self.cache
         for parts, de, problem in walk_manifest_tree(root):
             key = None
+            if not problem:
+                self.reach.tags += 1
             if cache is not None and not problem:
                 assert de is not None
                 # As it was when its name was found valid and its manifest read: so it stays.

@@ -3,35 +3,33 @@
 
     check_blob(path, cached, quick=...) -> BlobCheck      one blob, by the same rules as a batch
     check_batch(dir_fd, names, root, ...) -> Batch         many blobs, few Python objects each
-    VerifyCache.load(layout) / .save()                     `<store>/.modelfs/verify/cache.json`
+    look_batch(dir_fd, look, root) -> Looked               --quick: stat many, compare stamps
     quarantine_blob(layout, name, key) -> Path             out of `blobs/`, by rename
 
 A full check reads a blob once and hashes it with sha256. One that matches its name is recorded
-in the cache with its stat stamp (inode, size, mtime, ctime, all in ns) and, for a blob of
-SAMPLE_FROM bytes or more, the xxh3-128 of a sample of it (SAMPLE_PIECES pieces spread from
-its start to its end, together at most a 16th of it). A quick check trusts a blob whose stamp
-still matches its cache entry, after comparing the xxh3 of the same sample for a large one;
-any other blob gets a full check. The stamp holds ctime, which no program can set back: a
-blob written in place through the filesystem, even with its mtime put back, no longer matches.
+in the verify cache (store.collect.verify_cache) with its stat stamp (inode, size, mtime,
+ctime, all in ns) and, for a blob of SAMPLE_FROM bytes or more, the xxh3-128 of a sample of it
+(SAMPLE_PIECES pieces spread from its start to its end, together at most a 16th of it); unless
+its stamp after the read is not the one at the open, or its ctime is within indexfile.RACY_NS
+of the check. A quick check trusts a blob whose stamp still matches its cache entry, after
+comparing the xxh3 of the same sample for a large one; any other blob gets a full check. The
+stamp holds ctime, which no program can set back: a blob written in place through the
+filesystem, even with its mtime put back, no longer matches.
 What a quick check cannot see is damage that does not go through the filesystem's write path
 (a disk or a network server returning other bytes) outside the sample: a full check reads all.
 
 Everything here is synchronous and holds no global state but a per-thread buffer:
-`store.collect.workers` runs `check_batch` in worker processes, one per core.
+`store.collect.workers` runs `check_batch` and `look_batch` in worker processes, one per core.
 """
 
 from __future__ import annotations
 
 import array
-import base64
 import contextlib
 import hashlib
-import itertools
-import json
 import logging
 import os
 import stat
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -41,8 +39,10 @@ from typing import NamedTuple
 
 import xxhash
 
+from modelfs.store.digest import is_blob_name
 from modelfs.store.disk.fileio import open_stat
-from modelfs.store.disk.owner import make_dirs, write_atomic
+from modelfs.store.disk.owner import make_dirs
+from modelfs.store.index.indexfile import racy
 from modelfs.store.layout import Layout
 
 log = logging.getLogger(__name__)
@@ -312,11 +312,16 @@ def _check_open(
         hashes = hash_fd(fd, size_hint=size, sample=size >= SAMPLE_FROM, stop=stop)
         out.bytes_read += hashes.size
         out.sha256 += 1
-        if hashes.sha256 == name[7:] and hashes.size == size:
-            # Good bytes, whatever happened meanwhile: a write during the read moved the
-            # ctime past the stamp recorded, so the next quick run checks it in full.
-            return CacheEntry(stamp, hashes.sample, verified_at), None
         after = os.fstat(fd)
+        if hashes.sha256 == name[7:] and hashes.size == size:
+            # Good bytes. A cache entry vouches for the file as it is now only if the stamp
+            # taken after the read is the one taken at the open (no write meanwhile), and
+            # if its ctime is older than RACY_NS: a write within the same ctime tick after
+            # the read would leave the stamp as it is (git's "racily clean" rule, as the
+            # scan index keeps it). Such a blob passes, and the next quick run hashes it.
+            if stamp_of(after) != stamp or racy(after.st_ctime_ns, time.time_ns()):
+                return None, None
+            return CacheEntry(stamp, hashes.sample, verified_at), None
     except OSError as exc:
         return None, BlobCheck(name, "unreadable", size, error=_why(exc))
     if stamp_of(after) != stamp or hashes.size != size:
@@ -331,6 +336,113 @@ def _check_open(
     if now is None or now.st_ino != st.st_ino or not stat.S_ISREG(now.st_mode):
         check.status, check.actual = "changed", None
     return None, check
+
+
+NO_STAMP = (0, 0, 0, 0)  # the stamp of a name with no cache entry: no file has inode 0
+
+
+class Look(NamedTuple):
+    """A run of names as `blobs/` listed them, for a quick check: their cached stamps (4 ints
+    a name, 0s for none) and the samples of those that have one, by position in the run."""
+
+    names: list[str]
+    cached: array.array[int]
+    samples: dict[int, str]
+
+
+@dataclass(slots=True)
+class Looked:
+    """What a quick look found of a Look's names, by position: `stamps` as lstat gives them
+    now (0s for a name that is not a regular file under a blob name: the scan reports those);
+    `changed`: the blobs whose stamp is not the cached one, for a full check; `sampled`: the
+    check of those at `sampled_at` whose stamp matched and which have a sample."""
+
+    stamps: array.array[int]
+    changed: list[int] = field(default_factory=list)
+    left: list[int] = field(default_factory=list)  # not regular files under blob names
+    sampled_at: list[int] = field(default_factory=list)
+    sampled: Batch | None = None
+    blobs: int = 0  # regular files under blob names
+    bytes: int = 0
+
+
+def look_batch(
+    dir_fd: int | None, look: Look, root: str, *, stop: Callable[[], bool] | None = None
+) -> Looked:
+    """Stat each name of `look` in blobs/ (open as `dir_fd`; by path under `root` when None)
+    and compare the stamps with the cached ones: equal lists (the whole run unchanged since it
+    was recorded) compare in C. A blob whose stamp matches and that has a sample gets the quick
+    check of its sample here; one whose stamp differs is left for a full check."""
+    names, cached = look.names, look.cached
+    paths = names if dir_fd is not None else [f"{root}/blobs/{n}" for n in names]
+    lstat = os.stat
+    gone: list[int] = []  # positions lstat failed for (gone since the listing)
+    try:
+        sts: list[os.stat_result | None] = [
+            lstat(p, dir_fd=dir_fd, follow_symlinks=False) for p in paths
+        ]
+    except OSError:
+        sts = [_lstat(p, dir_fd) for p in paths]
+        gone = [i for i, st in enumerate(sts) if st is None]
+    now: array.array[int] = array.array("q")
+    put = now.extend
+    for st in sts:
+        put(NO_STAMP if st is None else (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    out = Looked(now)
+    if now != cached:
+        out.changed = _differ(now, cached)
+    if gone:  # a blob's full check says what became of it (its stamp may be 0s, as cached)
+        out.changed = sorted(set(out.changed).union(gone))
+    for i in out.changed:
+        st = sts[i]
+        if (st is not None and not stat.S_ISREG(st.st_mode)) or not is_blob_name(names[i]):
+            out.left.append(i)
+            now[4 * i : 4 * i + 4] = array.array("q", NO_STAMP)
+    if out.left:
+        left = set(out.left)
+        out.changed = [i for i in out.changed if i not in left]
+    out.blobs = len(names) - len(out.left)
+    out.bytes = sum(now[1::4])
+    if look.samples:
+        # Not a blob whose stamp differs, nor a name that is no blob now (a FIFO, a link, a
+        # directory where a large blob was: the scan reports it, as a full run's does).
+        skip = set(out.changed).union(out.left)
+        out.sampled_at = [i for i in look.samples if i not in skip]
+        entries: list[CacheEntry | None] = [
+            CacheEntry(_stamp_at(cached, i), look.samples[i], 0) for i in out.sampled_at
+        ]
+        out.sampled = check_batch(
+            dir_fd, [names[i] for i in out.sampled_at], root, entries, stop=stop
+        )
+    return out
+
+
+def _lstat(path: str, dir_fd: int | None) -> os.stat_result | None:
+    try:
+        return os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return None  # gone since it was listed: its full check says so
+
+
+def _stamp_at(flat: array.array[int], i: int) -> Stamp:
+    a, b, c, d = flat[4 * i : 4 * i + 4]
+    return (a, b, c, d)
+
+
+def _differ(now: array.array[int], cached: array.array[int], block: int = 64) -> list[int]:
+    """The positions whose stamps differ: blocks of stamps compared whole (in C), and only a
+    block that differs looked into (a few changed blobs, or strays, among thousands)."""
+    out = []
+    step = 4 * block
+    for start in range(0, len(now), step):
+        a, b = now[start : start + step], cached[start : start + step]
+        if a != b:
+            out += [
+                start // 4 + i
+                for i in range(len(a) // 4)
+                if a[4 * i : 4 * i + 4] != b[4 * i : 4 * i + 4]
+            ]
+    return out
 
 
 def check_blob(
@@ -375,143 +487,6 @@ def _quarantine(layout: Layout, check: BlobCheck) -> None:
 
 def _why(exc: OSError) -> str:
     return exc.strerror or str(exc)
-
-
-# -- the cache ---------------------------------------------------------------------------------
-class VerifyCache:
-    """`<store>/.modelfs/verify/cache.json`: per blob name, its CacheEntry, held in columns
-    (`stamps`, `samples`, `times`: dicts by name). A file that cannot be read or parsed is
-    ignored with one warning (every blob then gets a full check).
-
-    The file is one JSON object, in columns too, as a store has tens of thousands of blobs
-    and a verify that takes a tenth of a second has no time to parse or write an object for
-    each: `{"version": 2, "names": [...], "stamps": base64 of 4 little-endian int64 per name
-    (inode, size, mtime_ns, ctime_ns), "verified_at": base64 of one int64 per name (Unix
-    seconds), "samples": {name: hex xxh3-128}}` (samples: blobs of SAMPLE_FROM bytes or more).
-    """
-
-    def __init__(self, layout: Layout) -> None:
-        self.layout = layout
-        self.stamps: dict[str, Stamp] = {}
-        self.samples: dict[str, str] = {}
-        self.times: dict[str, int] = {}
-
-    def get(self, name: str) -> CacheEntry | None:
-        stamp = self.stamps.get(name)
-        if stamp is None:
-            return None
-        return CacheEntry(stamp, self.samples.get(name), self.times[name])
-
-    def put(self, name: str, entry: CacheEntry) -> None:
-        self.stamps[name] = entry.stamp
-        self.times[name] = entry.verified_at
-        if entry.sample is None:
-            self.samples.pop(name, None)
-        else:
-            self.samples[name] = entry.sample
-
-    @property
-    def entries(self) -> dict[str, CacheEntry]:
-        """Every entry as an object (for a look at a few; the columns are for the many)."""
-        return {name: e for name in self.stamps if (e := self.get(name)) is not None}
-
-    def same(self, other: VerifyCache) -> bool:
-        return (self.stamps, self.samples, self.times) == (
-            other.stamps,
-            other.samples,
-            other.times,
-        )
-
-    @staticmethod
-    def path_for(layout: Layout) -> Path:
-        return layout.state / "verify" / "cache.json"
-
-    @property
-    def path(self) -> Path:
-        return self.path_for(self.layout)
-
-    @classmethod
-    def load(cls, layout: Layout) -> VerifyCache:
-        path = cls.path_for(layout)
-        cache = cls(layout)
-        try:
-            raw = path.read_bytes()
-        except FileNotFoundError:
-            return cache
-        except OSError as exc:
-            log.warning("verify cache %s unreadable (%s); ignoring it", path, _why(exc))
-            return cache
-        try:
-            doc = json.loads(raw)
-            if isinstance(doc, dict) and doc.get("version") == 1:
-                # modelfs before stat stamps and samples: every blob gets one full check.
-                log.info("verify cache %s is of an older modelfs; ignoring it", path)
-                return cache
-            if not isinstance(doc, dict) or doc.get("version") != CACHE_VERSION:
-                raise ValueError(f"not a version {CACHE_VERSION} cache")
-            cache._read(doc["names"], doc["stamps"], doc["verified_at"], doc["samples"])
-        except (ValueError, KeyError, TypeError, RecursionError) as exc:
-            # RecursionError: json nests without bound (`[[[[...` of a few hundred KB).
-            log.warning("verify cache %s is damaged (%s); ignoring it", path, exc)
-            return cls(layout)
-        return cache
-
-    def _read(self, names: object, stamps: object, times: object, samples: object) -> None:
-        if not isinstance(names, list) or not all(type(n) is str for n in names):
-            raise ValueError("`names` is not a list of strings")
-        if not isinstance(samples, dict):
-            raise ValueError("`samples` is not an object")
-        flat = _int64s(stamps, 4 * len(names), "stamps")
-        at = _int64s(times, len(names), "verified_at")
-        for name, sample in samples.items():
-            if not isinstance(sample, str) or len(sample) != 32:
-                raise ValueError(f"the sample of {name} is not 32 hex digits")
-            int(sample, 16)
-        it = iter(flat)
-        self.stamps = dict(zip(names, zip(it, it, it, it, strict=True), strict=True))
-        self.times = dict(zip(names, at, strict=True))
-        self.samples = samples
-        # A large blob's entry without a sample (or a small one's with one) was not written
-        # by this code: such a blob gets a full check.
-        for name in [n for n, s in self.stamps.items() if (s[1] >= SAMPLE_FROM) != (n in samples)]:
-            del self.stamps[name]
-            self.samples.pop(name, None)
-
-    def save(self) -> bool:
-        """Write atomically (temp file in the same directory, fsync, rename); False, with a
-        warning, where the store cannot be written (a read-only store can still be verified)."""
-        path = self.path
-        names = list(self.stamps)
-        flat = array.array("q", itertools.chain.from_iterable(self.stamps.values()))
-        at = array.array("q", map(self.times.__getitem__, names))
-        if sys.byteorder == "big":
-            flat.byteswap()
-            at.byteswap()
-        doc = {
-            "version": CACHE_VERSION,
-            "names": names,
-            "stamps": base64.b64encode(flat.tobytes()).decode(),
-            "verified_at": base64.b64encode(at.tobytes()).decode(),
-            "samples": {n: self.samples[n] for n in names if n in self.samples},
-        }
-        data = json.dumps(doc, separators=(",", ":")).encode() + b"\n"
-        try:
-            write_atomic(path, data, self.layout.root)
-        except OSError as exc:
-            log.warning("cannot write the verify cache %s: %s", path, _why(exc))
-            return False
-        return True
-
-
-def _int64s(text: object, count: int, what: str) -> array.array[int]:
-    if not isinstance(text, str):
-        raise ValueError(f"`{what}` is not a string")
-    out = array.array("q", base64.b64decode(text, validate=True))
-    if sys.byteorder == "big":
-        out.byteswap()
-    if len(out) != count:
-        raise ValueError(f"`{what}` holds {len(out)} numbers, not {count}")
-    return out
 
 
 # -- quarantine --------------------------------------------------------------------------------

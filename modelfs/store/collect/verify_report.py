@@ -21,9 +21,11 @@ Kinds of findings, and whether they make the store "not whole" (exit status 1):
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import shlex
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,11 +78,14 @@ class Survey:
     bad_manifests: list[tuple[str, str]] = field(default_factory=list)  # path, message
     referenced: set[str] = field(default_factory=set)  # blob names (`sha256-<hex>`)
     index: StoreIndex | None = None  # for `owners`
+    rescan: Callable[[], StoreIndex] | None = None  # for `owners`, without an `index`
 
     def owners(self, digests: set[Digest]) -> dict[Digest, list[Owner]]:
         """The manifests that name each of `digests` (a few corrupt blobs: not worth a list
         for every blob of the store)."""
         out: dict[Digest, list[Owner]] = {}
+        if digests and self.index is None and self.rescan is not None:
+            self.index = self.rescan()
         if not digests or self.index is None:
             return out
         for entry, variant, owner in _owners(self.index):
@@ -161,9 +166,13 @@ def survey(index: StoreIndex, reach: Reach) -> Survey:
             known.add(problem.path)
             out.bad_manifests.append((problem.path, problem.message))
 
+    # The scan checked each tag's blobs by the same sizes (a warm scan recalls what it found
+    # while blobs/ is unchanged): only a tag it found lacking is looked into, for what and
+    # whose (a store of thousands of blobs has no time for a Layer object of each).
+    lacking = {p.path for p in index.problems if p.kind == "missing-blob"}
     seen: set[tuple[Digest, str]] = set()
     for entry, variant, owner in _owners(index):
-        if variant is None:
+        if variant is None or entry.rel not in lacking:
             continue
         sizes = variant.manifest.blob_sizes()
         for digest in sizes:
@@ -181,6 +190,75 @@ def survey(index: StoreIndex, reach: Reach) -> Survey:
                         found_as=foreign.get(digest),
                     )
                 )
+    return out
+
+
+# -- the survey again, while what it was made of stays --------------------------------------------
+SURVEY_FORMAT = 1
+
+
+def survey_mark(
+    listed: tuple[int, int, int] | None,
+    files: Mapping[str, tuple[tuple[int, ...], tuple[str, ...]]],
+    reach: Reach,
+) -> str | None:
+    """What a survey is made of, as one digest: blobs/'s (inode, mtime_ns, ctime_ns) (its names,
+    and the sizes the scan index trusts while it stays), the stamp of every tag file (the reach
+    index's, `files`: what is in a tag file stays while its stamp does, as the scan index has
+    it too), and what the reach walk found wrong. None when some of it is not known to stay:
+    blobs/ changed within the racy margin, or a tag file the reach index does not keep (too
+    new to, a list, one that cannot be read or has no tag's name)."""
+    if listed is None or len(files) != reach.tags:
+        return None
+    problems = [(p.kind, p.path, p.message) for p in (*reach.strays, *reach.unreadable)]
+    problems += [(p.kind, p.path, p.message) for p in reach.removed]
+    made_of = (SURVEY_FORMAT, listed, sorted((p, k) for p, (k, _) in files.items()), problems)
+    return hashlib.sha256(repr(made_of).encode()).hexdigest()
+
+
+def survey_text(found: Survey) -> str:
+    """What `survey_again` makes the same Survey of (sizes aside: they are looked at again)."""
+    return json.dumps(
+        {
+            "missing": [
+                [
+                    m.digest.hex,
+                    m.size,
+                    m.actual,
+                    m.owner.manifest,
+                    [m.owner.name.host, m.owner.name.namespace, m.owner.name.model],
+                    m.owner.name.tag,
+                    m.owner.label,
+                    m.found_as,
+                ]
+                for m in found.missing
+            ],
+            "stray": [[path, why] for path, _, why in found.stray],
+            "misnamed": [[m.path, m.fix] for m in found.misnamed],
+            "bad_manifests": [[path, message] for path, message in found.bad_manifests],
+        },
+        separators=(",", ":"),
+    )
+
+
+def survey_again(
+    text: str, layout: Layout, reach: Reach, rescan: Callable[[], StoreIndex]
+) -> Survey | None:
+    """The Survey `survey_text` wrote, with what `reach` keeps, the sizes of the strays and
+    misnamed files as they are now, and `rescan` for the owners of a corrupt blob; None if
+    `text` is not one."""
+    root = layout.root
+    try:
+        doc = json.loads(text)
+        out = Survey(referenced=reach.blob_names, rescan=rescan)
+        for hex_, size, actual, manifest, (host, ns, model), tag, label, found_as in doc["missing"]:
+            owner = Owner(manifest, Name.from_parts(host, ns, model, tag), label)
+            out.missing.append(Missing(Digest(hex_), size, actual, owner, found_as))
+        out.stray = [(path, _lsize(root, path), why) for path, why in doc["stray"]]
+        out.misnamed = [Misnamed(path, _lsize(root, path), fix) for path, fix in doc["misnamed"]]
+        out.bad_manifests = [(path, message) for path, message in doc["bad_manifests"]]
+    except (ValueError, KeyError, TypeError, StoreError):
+        return None
     return out
 
 

@@ -23,16 +23,27 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import pickle
 import signal
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from modelfs.store.collect.verify import Batch, CacheEntry, Interrupted, check_batch
+from modelfs.store.collect.verify import (
+    Batch,
+    CacheEntry,
+    Interrupted,
+    Look,
+    Looked,
+    check_batch,
+    look_batch,
+)
 from modelfs.store.layout import Layout
 
-# A unit: blob names, and for a quick check the cache entries of those names (by position).
-Unit = tuple[list[str], list[CacheEntry | None] | None]
+# A unit: blob names, and for a quick check the cache entries of those names (by position);
+# or, for a quick check, a Look: names to stat and compare with the cache in one go.
+Unit = tuple[list[str], list[CacheEntry | None] | None] | Look
+Result = Batch | Looked  # a Batch for blob names, a Looked for a Look
 
 POLL = 0.1  # seconds between looks at stop() while every worker is busy
 
@@ -50,17 +61,21 @@ def _blobs_fd(layout: Layout) -> int | None:
         return None  # each check then says what is wrong with its blob
 
 
-def check_units(layout: Layout, units: Sequence[Unit], stop: Callable[[], bool]) -> list[Batch]:
+def check_units(layout: Layout, units: Sequence[Unit], stop: Callable[[], bool]) -> list[Result]:
     """The units in this process, in order (one core; or too little work for a fork)."""
     dir_fd = _blobs_fd(layout)
     try:
-        return [
-            check_batch(dir_fd, names, str(layout.root), cached, stop=stop)
-            for names, cached in units
-        ]
+        return [do_unit(dir_fd, str(layout.root), unit, stop) for unit in units]
     finally:
         if dir_fd is not None:
             os.close(dir_fd)
+
+
+def do_unit(dir_fd: int | None, root: str, unit: Unit, stop: Callable[[], bool]) -> Result:
+    if isinstance(unit, Look):
+        return look_batch(dir_fd, unit, root, stop=stop)
+    names, cached = unit
+    return check_batch(dir_fd, names, root, cached, stop=stop)
 
 
 class _Shared:
@@ -78,10 +93,11 @@ class _Shared:
             self.next.value = i + 1
         return i
 
-    def count(self, batch: Batch) -> None:
+    def count(self, result: Result) -> None:
+        blobs = result.blobs if isinstance(result, Looked) else len(result.stamps)
         with self.next.get_lock():
-            self.blobs.value += len(batch.stamps)
-            self.bytes.value += batch.bytes
+            self.blobs.value += blobs
+            self.bytes.value += result.bytes
 
 
 def _serve(conn: Connection, root: str, units: Sequence[Unit], shared: _Shared) -> None:
@@ -97,22 +113,32 @@ def _serve(conn: Connection, root: str, units: Sequence[Unit], shared: _Shared) 
     def orphaned() -> bool:  # between chunks of a large blob: the parent was killed
         return os.getppid() != parent
 
-    done: list[tuple[int, Batch]] = []
+    done: list[tuple[int, Result]] = []
     reply: Any = done
     try:
         while (i := shared.take()) < len(units):
-            names, cached = units[i]
-            batch = check_batch(dir_fd, names, root, cached, stop=orphaned)
-            shared.count(batch)
-            done.append((i, batch))
+            result = do_unit(dir_fd, root, units[i], orphaned)
+            shared.count(result)
+            done.append((i, result))
     except Interrupted:
         return
     except Exception as exc:  # a bug: said to the parent, which raises it
-        reply = exc
+        reply = _sendable(exc)
     try:
         conn.send(reply)
     finally:
         conn.close()
+
+
+def _sendable(exc: Exception) -> Exception:
+    """`exc`, or where it would not come through a pipe (an attribute that does not pickle,
+    an __init__ its arguments do not fit), a WorkerError with its type and message: without
+    it, the parent saw only "a verify worker process died"."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:
+        return WorkerError(f"a verify worker failed: {type(exc).__qualname__}: {exc}")
+    return exc
 
 
 class Workers:
@@ -164,13 +190,13 @@ class Workers:
             return 0, 0
         return self.shared.blobs.value, self.shared.bytes.value
 
-    def run(self, *, stop: Callable[[], bool]) -> list[Batch]:
+    def run(self, *, stop: Callable[[], bool]) -> list[Result]:
         """The Batch of each unit, in the order of `units` (checked here when there are no
         workers). Raises Interrupted when `stop()` says so (`close` then stops the workers
         at once), WorkerError when one died."""
         if not self.conns:
             return check_units(self.layout, self.units, stop)
-        results: list[Batch | None] = [None] * len(self.units)
+        results: list[Result | None] = [None] * len(self.units)
         waiting = list(self.conns)
         while waiting:
             if stop():

@@ -2,14 +2,14 @@
 `blobs/`, under `.modelfs/reach-index`, so a GC plan re-reads only the tag files that changed
 and lists `blobs/` again only when it changed.
 
-Only the plan uses it: the look GC takes just before it moves anything (`leases_and_reach`)
-reads every manifest afresh, as it always did. And the plan still lists every tag file and
-looks at each: a file's names are used only while it is as it was, by its stamp (inode, size,
-mtime_ns, ctime_ns; Ollama rewrites a manifest in place, ollama/ollama fb30760
-manifest/manifest.go:159, so the ctime is what moves), and for a `manifests-v2/` link by the
-link's stamp and the stamp of the file it lands on. A manifest list is not kept (what it keeps
-depends on which of its children are present), nor anything that could not be read: those are
-read every time. The file is indexfile's.
+Only the plan and `modelfs verify` (which moves nothing for it) use it: the look GC takes just
+before it moves anything (`leases_and_reach`) reads every manifest afresh, as it always did. And
+the plan still lists every tag file and looks at each: a file's names are used only while it is
+as it was, by its stamp (inode, size, mtime_ns, ctime_ns; Ollama rewrites a manifest in place,
+ollama/ollama fb30760 manifest/manifest.go:159, so the ctime is what moves), and for a
+`manifests-v2/` link by the link's stamp and the stamp of the file it lands on. A manifest list
+is not kept (what it keeps depends on which of its children are present), nor anything that
+could not be read: those are read every time. The file is indexfile's.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ MAGIC = b"modelfs reach index\n"
 FILE_NAME = "reach-index"
 
 Key = tuple[int, ...]  # a file's stamp, or a link's and its target's
-Listing = tuple[tuple[int, int], tuple[str, ...]]  # a directory's (inode, mtime_ns), its names
+Listing = tuple[tuple[int, int, int], tuple[str, ...]]  # a directory's (ino, mtime, ctime), names
 
 
 @dataclass(slots=True)
@@ -101,10 +101,11 @@ class ReachCache:
 
     def listdir(self, directory: Path) -> list[str]:
         """os.listdir(directory) (blobs/), or the names it gave while the directory's (inode,
-        mtime_ns) is as it was: a name comes or goes only by a create, rename or unlink
-        there, each of which moves its mtime."""
+        mtime_ns, ctime_ns) is as it was: a name comes or goes only by a create, rename or
+        unlink there, each of which moves its ctime (`rsync -a` puts an mtime back, not that).
+        Not st_dev: each NFS client numbers it its own way."""
         st = os.stat(directory)
-        key = (st.st_ino, st.st_mtime_ns)  # not st_dev: each NFS client numbers it its own way
+        key = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
         if self.listing is not None and self.listing[0] == key:
             self._listing = self.listing
             return list(self.listing[1])
@@ -113,8 +114,11 @@ class ReachCache:
             self._listing = (key, tuple(names))
         return names
 
-    def save(self) -> None:
-        """Leave for the next plan what this one met; written only when that changed."""
+    def save(self, *, listed: bool = True) -> None:
+        """Leave for the next plan what this one met; written only when that changed.
+        `listed=False`: this look did not list blobs/ (`verify`): the listing stays."""
+        if not listed:
+            self._listing = self.listing
         # Compared whole: a file too new to keep (racy) is read each time, and not news.
         changed = self._met != self.files or self._listing is not self.listing
         self.files, self._met = self._met, {}

@@ -12,10 +12,11 @@ was, looked at afresh by every scan:
 - a `manifests-v2/` link by its own stamp (a link is never changed in place: a new one is a new
   inode and ctime) and the stamp of the blob it lands on, which the scan stats anyway;
 - the listing of `blobs/`, the sizes of the blobs the scan checked, and the list children's
-  manifests, by that directory's (inode, mtime_ns): a name appears or goes, and a
+  manifests, by that directory's (inode, mtime_ns, ctime_ns): a name appears or goes, and a
   blob's bytes change, only by a create, rename or unlink in it (Ollama writes a blob under a
   temp name and renames it: manifest/layer.go:32,58, server/download.go:326; so do we), each of
-  which moves its mtime. A blob truncated or edited in place by hand is `verify`'s to find.
+  which moves its mtime and ctime (a restore by `rsync -a` or `tar -x` puts the mtime back,
+  never the ctime). A blob truncated or edited in place by hand is `verify`'s to find.
   Blob mtimes are never taken from here (`touchLayer` changes them in place): `blob_info`
   looks each time, and a v2 tag's manifest blob, whose mtime is the tag's, is stat'ed too;
   when `blobs/` changed, a child's manifest is used while its blob's stamp is as it was;
@@ -86,11 +87,11 @@ from modelfs.store.manifest import (
 log = logging.getLogger(__name__)
 
 Parsed = Manifest | ManifestList
-# blobs/'s (inode, mtime_ns) -> the blob names listed, (kind, path, message) of each problem the
-# listing found, and the sizes of the blobs the scan's checks looked at, by hex. Not st_dev:
-# hosts sharing a store on NFS number it each their own way, and would rewrite it in turn.
+# blobs/'s (inode, mtime_ns, ctime_ns) -> the blob names listed, (kind, path, message) of each
+# problem the listing found, and the sizes of the blobs the scan's checks looked at, by hex. Not
+# st_dev: hosts sharing a store on NFS number it each their own way, and would rewrite it in turn.
 Listing = tuple[
-    tuple[int, int],
+    tuple[int, int, int],
     frozenset[str],
     tuple[tuple[str, str, str], ...],
     dict[str, int | None],

@@ -3,13 +3,16 @@
     await verify(layout, VerifyOptions(...)) -> Report
     run_verify(root, options) -> Report               under trio.run, for the CLI
 
-1. List `blobs/` (name and stat stamp of each) and, for --quick, load the verify cache.
+1. Full: list `blobs/` with a stat of each blob. Quick: load the verify cache, and list
+   `blobs/` unless it is as the cache's listing found it (store.collect.verify_plan).
 2. Check the blobs in worker processes, one per core (`store.collect.workers`: a small blob
-   costs Python time, not hashing time, and threads would take turns on the GIL), each large
-   blob alone and small ones in batches, largest first; meanwhile this process scans the
-   store (manifests, what they name, strays, misnamed blobs). Full: sha256 of every blob.
-   Quick: a blob whose stamp (inode, size, mtime, ctime) matches the cache passes, after the
-   xxh3 of a sample of it matches too for one of 1 MiB or more; the others get a full check.
+   costs Python time, not hashing time, and threads would take turns on the GIL); meanwhile
+   this process surveys the store (manifests, what they name, strays, misnamed blobs; the last
+   run's survey again while blobs/ and every tag file are as they were). Full: sha256 of every
+   blob, each large one alone and small ones in batches, largest first. Quick: the workers
+   stat the names in runs, and a blob whose stamp (inode, size, mtime, ctime) matches the
+   cache passes, after the xxh3 of a sample of it matches too for one of 1 MiB or more; the
+   others get a full check, in a second round.
 3. The worker that finds a blob corrupt moves it to `.modelfs/quarantine/` by rename at once.
    Out of `blobs/`, it is no longer served: the mount rebuilds its tree when `blobs/` changes
    and lists no file whose blob is missing, and `modelfs serve` opens blobs only from `blobs/`.
@@ -26,7 +29,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -36,16 +39,26 @@ import trio
 from modelfs.store.collect.gc import GcPolicy
 from modelfs.store.collect.reach import reachable
 from modelfs.store.collect.verify import (
-    SAMPLE_PIECE,
-    SAMPLE_PIECES,
-    Batch,
     BlobCheck,
-    CacheEntry,
-    Stamp,
-    VerifyCache,
     drop_quarantined,
     quarantined,
-    stamp_of,
+)
+from modelfs.store.collect.verify_cache import DirKey, VerifyCache
+from modelfs.store.collect.verify_plan import (
+    BATCH_BLOBS as BATCH_BLOBS,
+)
+from modelfs.store.collect.verify_plan import (
+    QuickPlan,
+    Tally,
+    expected_blobs,
+    full_units,
+    list_blobs,
+    list_names,
+    quick_units,
+    second_round,
+    seen,
+    settle_full,
+    settle_quick,
 )
 from modelfs.store.collect.verify_report import (
     Corrupt,
@@ -55,11 +68,15 @@ from modelfs.store.collect.verify_report import (
     Survey,
     gc_keeps,
     survey,
+    survey_again,
+    survey_mark,
+    survey_text,
 )
-from modelfs.store.collect.workers import Unit, Workers
+from modelfs.store.collect.workers import Result, Workers
 from modelfs.store.digest import Digest, is_blob_name
+from modelfs.store.index.reachcache import ReachCache
 from modelfs.store.layout import Layout
-from modelfs.store.scan import ScanCache, scan_store
+from modelfs.store.scan import ScanCache, StoreIndex, scan_store
 from modelfs.store.units import counted, human_bytes
 from modelfs.sync.client.credentials import Credentials
 from modelfs.sync.client.threads import in_thread, run_unwrapped
@@ -79,132 +96,32 @@ class VerifyOptions:
     read_timeout: float | None = None  # for --repair-from peers; None: pull's default
 
 
-def _list_blobs(layout: Layout) -> list[tuple[str, Stamp]]:
-    """(name, stat stamp) of every regular file under a canonical blob name, largest first."""
-    out = []
-    try:
-        # Open, so that each entry's stat is by name in it, not a walk from the root.
-        dir_fd = os.open(layout.blobs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return []
-    try:
-        with os.scandir(dir_fd) as it:
-            for de in it:
-                if is_blob_name(de.name) and de.is_file(follow_symlinks=False):
-                    try:
-                        out.append((de.name, stamp_of(de.stat(follow_symlinks=False))))
-                    except OSError:
-                        out.append((de.name, (0, 0, 0, 0)))  # its check will say why
-    finally:
-        os.close(dir_fd)
-    out.sort(key=lambda item: -item[1][1])
-    return out
-
-
-BATCH_BYTES = 8 << 20  # small blobs go to a worker together, up to this many bytes…
-BATCH_BLOBS = 512  # …or this many: a hand-off costs as much as checking a few small blobs
-
-
-@dataclass(slots=True)
-class Plan:
-    """What to check: units for the workers (largest first), and the blobs a quick run
-    passes on their stat stamp alone, with no read (their cache entries kept)."""
-
-    units: list[Unit] = field(default_factory=list)
-    kept: list[str] = field(default_factory=list)
-    kept_bytes: int = 0
-
-
-def _plan(blobs: list[tuple[str, Stamp]], cache: VerifyCache, quick: bool) -> Plan:
-    plan = Plan()
-    stamps = cache.stamps if quick else {}
-    names: list[str] = []
-    cached: list[CacheEntry | None] = []
-    size = 0
-
-    def cut() -> None:
-        nonlocal names, cached, size
-        if names:
-            plan.units.append((names, cached if quick else None))
-            names, cached, size = [], [], 0
-
-    for name, stamp in blobs:
-        cost = stamp[1]
-        entry = None
-        if stamps.get(name) == stamp:
-            entry = cache.get(name)
-            if entry is None or entry.sample is None:
-                plan.kept.append(name)
-                plan.kept_bytes += cost
-                continue
-            cost = SAMPLE_PIECE * SAMPLE_PIECES
-        if cost >= BATCH_BYTES:
-            plan.units.append(([name], [entry] if quick else None))
-            continue
-        if names and (size + cost > BATCH_BYTES or len(names) >= BATCH_BLOBS):
-            cut()
-        names.append(name)
-        cached.append(entry)
-        size += cost
-    cut()
-    return plan
-
-
-async def _check_all(pool: Workers, plan: Plan, total: tuple[int, int]) -> list[Batch]:
-    """Wait for the workers (in a thread, so a scan can run meanwhile)."""
+async def _run(pool: Workers, progress: tuple[int, int], total: tuple[int, int]) -> list[Result]:
+    """Wait for the workers (in a thread, so a scan can run meanwhile); `progress`: the blobs
+    and bytes done before them."""
     stop = threading.Event()  # set by in_thread when we are cancelled (Ctrl-C)
 
-    async def progress() -> None:
+    async def progress_lines() -> None:
         while True:
             await trio.sleep(PROGRESS_EVERY)
             blobs, size = pool.progress()
             log.info(
                 "verified %.1f of %.1f GB (%d of %d blobs)",
-                (size + plan.kept_bytes) / 1e9,
+                (size + progress[1]) / 1e9,
                 total[1] / 1e9,
-                blobs + len(plan.kept),
+                blobs + progress[0],
                 total[0],
             )
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(progress)
+        nursery.start_soon(progress_lines)
         results = await in_thread(partial(pool.run, stop=stop.is_set), stop=stop)
         nursery.cancel_scope.cancel()
     return results
 
 
-def _settle(
-    layout: Layout,
-    report: Report,
-    plan: Plan,
-    batches: list[Batch],
-    cache: VerifyCache,
-    found: Survey,
-) -> None:
-    """Fill the report from the checks (corrupt blobs already quarantined), update the cache."""
-    new = VerifyCache(layout)
-    for name in plan.kept:
-        new.stamps[name] = cache.stamps[name]
-        new.times[name] = cache.times[name]
-    report.blobs = len(plan.kept) + sum(len(names) for names, _ in plan.units)
-    report.xxh3_only = len(plan.kept)
-    report.bytes = plan.kept_bytes
-    problems: list[BlobCheck] = []
-    for (names, _), batch in zip(plan.units, batches, strict=True):
-        report.bytes += batch.bytes
-        report.bytes_read += batch.bytes_read
-        report.sha256 += batch.sha256
-        report.xxh3_only += batch.xxh3_only
-        passed = [(n, s) for n, s in zip(names, batch.stamps, strict=True) if s is not None]
-        new.stamps.update(passed)
-        new.times.update((n, batch.verified_at) for n, _ in passed)
-        new.samples.update((names[i], sample) for i, sample in batch.samples.items())
-        for i in batch.kept:
-            name = names[i]
-            new.times[name] = cache.times[name]
-            if name in cache.samples:
-                new.samples[name] = cache.samples[name]
-        problems += batch.problems
+def _problems(layout: Layout, report: Report, problems: list[BlobCheck], found: Survey) -> None:
+    """Fill the report from what the checks found (corrupt blobs already quarantined)."""
     owners = found.owners(
         {Digest(c.name.removeprefix("sha256-")) for c in problems if c.status == "corrupt"}
     )
@@ -229,65 +146,162 @@ def _settle(
                 corrupt.error = check.quarantine_error or "not quarantined"
                 log.error("blobs/%s is corrupt; %s", name, corrupt.error)
             report.corrupt.append(corrupt)
-    if not new.same(cache):  # a quick run that found nothing new writes nothing
-        report.cache_written = new.save()
+
+
+@dataclass(slots=True)
+class _Found:
+    survey: Survey
+    kept: tuple[str, str] | None  # for the cache: its mark and text (None: not to be reused)
+    unreferenced: set[str] = field(default_factory=set)  # of the names given, none names
+
+
+def _look(
+    layout: Layout,
+    listed: DirKey | None,
+    saved: tuple[str, str] | None,
+    names: list[str] | None = None,
+) -> _Found:
+    """The store besides blob bytes: with the reach index, as a GC plan reads manifests, and
+    with the scan index, as `ls` scans (which models own which blobs: this run checks every
+    blob's bytes itself, so nothing it trusts goes unchecked). `saved`: the survey a run made
+    before (a quick run's cache), taken again if what it was made of is as it was (blobs/ as
+    listed then, every tag file's stamp): the scan would find the same. `names`: the listing,
+    of which the names no manifest names are found here too, while the workers are busy."""
+    cache = ReachCache.open(layout)
+    reach = reachable(layout, cache=cache)
+    cache.save(listed=False)
+    unreferenced = set(names).difference(reach.blob_names) if names is not None else set()
+    mark = survey_mark(listed, cache.files, reach)
+    if mark is not None and saved is not None and saved[0] == mark:
+        again = survey_again(saved[1], layout, reach, partial(_scan, layout))
+        if again is not None:
+            return _Found(again, saved, unreferenced)
+    found = survey(_scan(layout), reach)
+    return _Found(found, None if mark is None else (mark, survey_text(found)), unreferenced)
+
+
+def _scan(layout: Layout) -> StoreIndex:
+    return scan_store(layout, ScanCache.open(layout))
+
+
+@dataclass(slots=True)
+class _Checked:
+    tally: Tally
+    cache: VerifyCache | None  # to save (None: the cache on disk says it all)
+    # The blobs (regular files under blob names) this run saw that no manifest names and
+    # that are not in the set given, with their sizes.
+    orphans: Callable[[set[str]], list[tuple[str, int]]]
+
+
+async def _check_full(layout: Layout, options: VerifyOptions, found: list[_Found]) -> _Checked:
+    listing = await trio.to_thread.run_sync(list_blobs, layout)
+    total = (len(listing.blobs), sum(stamp[1] for _, stamp in listing.blobs))
+    _starting(total, "full sha256", options)
+    units = full_units(listing.blobs)
+    # Forked here, before the scan's thread starts (a fork copies no other thread, and a lock
+    # one held would stay held in the child), and they start at once; the scan runs meanwhile.
+    with Workers(layout, units, options.workers) as pool:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_survey, layout, found, listing.key, None)
+            results = await _run(pool, (0, 0), total)
+    tally, cache = await trio.to_thread.run_sync(settle_full, layout, listing, units, results)
+
+    def orphans(corrupt: set[str]) -> list[tuple[str, int]]:
+        named = found[0].survey.referenced
+        return [(n, s[1]) for n, s in listing.blobs if n not in named and n not in corrupt]
+
+    cache.survey = found[0].kept
+    return _Checked(tally, cache, orphans)
+
+
+def _quick_plan(layout: Layout) -> tuple[VerifyCache, QuickPlan]:
+    old = VerifyCache.load(layout)
+    names, key = list_names(layout, old)
+    return old, quick_units(names, key, old)
+
+
+async def _check_quick(layout: Layout, options: VerifyOptions, found: list[_Found]) -> _Checked:
+    old, plan = await trio.to_thread.run_sync(_quick_plan, layout)
+    names, key = plan.names, plan.key
+    # The workers stat the blobs: until then, what the cache knows of them says what to expect
+    # (a new blob counts, its size not yet).
+    total = (expected_blobs(plan), sum(plan.flat[1::4]))
+    _starting(total, "quick (stat stamps and samples against the last full check)", options)
+    with Workers(layout, plan.looks, options.workers) as pool:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_survey, layout, found, key, old.survey, names)
+            looked = await _run(pool, (0, 0), total)
+    first = seen(plan, looked)
+    units = second_round(plan, first)
+    results: list[Result] = []
+    if units:
+        log.debug("%s new or changed since the last full check", counted(len(units), "unit"))
+        with Workers(layout, units, options.workers) as pool:
+            results = await _run(pool, (len(names) - len(first.changed), 0), total)
+    # A few columns, copied and patched: no thread for that.
+    tally, cache = settle_quick(layout, plan, old, looked, first, units, results)
+
+    def orphans(corrupt: set[str]) -> list[tuple[str, int]]:
+        left = found[0].unreferenced.difference(corrupt)
+        if not left:
+            return []
+        stamps, out = first.stamps, []
+        for i, name in enumerate(names):
+            if name in left and i not in first.left and is_blob_name(name):
+                out.append((name, stamps[4 * i + 1]))
+        return out
+
+    cache.survey = found[0].kept
+    return _Checked(tally, None if cache.same(old) else cache, orphans)
+
+
+def _starting(total: tuple[int, int], how: str, options: VerifyOptions) -> None:
+    log.info(
+        "verifying %d blobs (%s), %s, %d at a time",
+        total[0],
+        human_bytes(total[1]),
+        how,
+        options.workers,
+    )
+
+
+async def _survey(
+    layout: Layout,
+    found: list[_Found],
+    listed: DirKey | None,
+    saved: tuple[str, str] | None,
+    names: list[str] | None = None,
+) -> None:
+    found.append(await trio.to_thread.run_sync(_look, layout, listed, saved, names))
 
 
 async def verify(layout: Layout, options: VerifyOptions | None = None) -> Report:
     options = options or VerifyOptions()
     t0 = time.monotonic()
-    mode = "quick" if options.quick else "full"
-    report = Report(layout.root, mode)
-
-    blobs = await trio.to_thread.run_sync(_list_blobs, layout)
+    report = Report(layout.root, "quick" if options.quick else "full")
+    found: list[_Found] = []
     # A full run trusts nothing of the cache: it writes a new one.
-    cache = (
-        await trio.to_thread.run_sync(VerifyCache.load, layout)
-        if options.quick
-        else VerifyCache(layout)
-    )
-    total = (len(blobs), sum(stamp[1] for _, stamp in blobs))
-    log.info(
-        "verifying %d blobs (%s), %s, %d at a time",
-        len(blobs),
-        human_bytes(total[1]),
-        "quick (stat stamps and samples against the last full check)"
-        if options.quick
-        else "full sha256",
-        options.workers,
-    )
-    plan = _plan(blobs, cache, options.quick)
-    found: list[Survey] = []
-
-    async def look() -> None:
-        # With the scan index, as `ls` scans: it says which models own which blobs, and this
-        # run checks every blob's bytes itself, so nothing it trusts goes unchecked.
-        index = await trio.to_thread.run_sync(lambda: scan_store(layout, ScanCache.open(layout)))
-        reach = await trio.to_thread.run_sync(reachable, layout)
-        found.append(survey(index, reach))
-
-    # Forked here, before the scan's thread starts (a fork copies no other thread, and a lock
-    # one held would stay held in the child), and they start at once; the scan runs meanwhile.
-    with Workers(layout, plan.units, options.workers) as pool:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(look)
-            batches = await _check_all(pool, plan, total)
-    [survey_] = found
-    await trio.to_thread.run_sync(_settle, layout, report, plan, batches, cache, survey_)
+    checked = await (_check_quick if options.quick else _check_full)(layout, options, found)
+    survey_ = found[0].survey
+    tally = checked.tally
+    report.blobs, report.bytes, report.bytes_read = tally.blobs, tally.bytes, tally.bytes_read
+    report.sha256, report.xxh3_only = tally.sha256, tally.xxh3_only
+    _problems(layout, report, tally.problems, survey_)
+    if checked.cache is not None:  # a quick run that found nothing new writes nothing
+        report.cache_written = await trio.to_thread.run_sync(checked.cache.save)
 
     corrupt = {c.name for c in report.corrupt}
     # A corrupt blob of the wrong size (truncated, zero-length) is fetched at the size its
     # manifests give, not its own.
     declared = {m.digest: m.size for m in survey_.missing}
     report.missing = [m for m in survey_.missing if m.digest.blob_name not in corrupt]
-    referenced = survey_.referenced
-    report.orphaned = [
-        (name, stamp[1]) for name, stamp in blobs if name not in corrupt and name not in referenced
-    ]
-    # The default grace: a daemon's or `modelfs gc --grace` may differ.
-    report.kept = await trio.to_thread.run_sync(
-        gc_keeps, layout, report.orphaned, time.time(), GcPolicy().grace
-    )
+    # Largest first, as GC and `ls` show them.
+    report.orphaned = sorted(checked.orphans(corrupt), key=lambda item: (-item[1], item[0]))
+    if report.orphaned:
+        # The default grace: a daemon's or `modelfs gc --grace` may differ.
+        report.kept = await trio.to_thread.run_sync(
+            gc_keeps, layout, report.orphaned, time.time(), GcPolicy().grace
+        )
     report.stray = survey_.stray
     report.misnamed = survey_.misnamed
     report.bad_manifests = survey_.bad_manifests
