@@ -2,11 +2,11 @@
 
 Every file a mount shows has the link count of the places that show it, so that `du` and
 `find -links` see one file; a blob's count needs what every model directory will show, which
-is every manifest's layers: a fifth of a start on 5,000 models (fsd.builder `_count_place`).
+is every manifest's layers: a fifth of a start on 5,000 models (fsd.counting).
 They depend only on what a build is given, so they are kept with a fingerprint of exactly that:
 the tags in the order the build places them, the manifest each of their variants serves
 (by digest, so a tag rewritten in place is a new fingerprint), their runners, the mount's
-`--prefer` and `--data`, and `blobs/`'s (inode, mtime_ns), by which the scan index already
+`--prefer` and `--data`, and `blobs/`'s (inode, mtime_ns, ctime_ns), by which the scan index
 trusts blob sizes (a blob appears, goes or changes size only by a create, rename or unlink in
 it: store.index.scancache). A scan that did not list `blobs/` as it is, settled (changed within
 the racy margin, or no index), gives no fingerprint, and the counts are worked out.
