@@ -4,8 +4,9 @@ Every file a mount shows has the link count of the places that show it, so that 
 `find -links` see one file; a blob's count needs what every model directory will show, which
 is every manifest's layers: a fifth of a start on 5,000 models (fsd.counting).
 They depend only on what a build is given, so they are kept with a fingerprint of exactly that:
-the tags in the order the build places them, the manifest each of their variants serves
-(by digest, so a tag rewritten in place is a new fingerprint), their runners, the mount's
+the tags in the order the build places them, the manifest each names (a list's own digest
+names directories in .by-digest/) and each of their variants serves (by digest, so a tag
+rewritten in place is a new fingerprint), their runners, the mount's
 `--prefer` and `--data`, and `blobs/`'s (inode, mtime_ns, ctime_ns), by which the scan index
 trusts blob sizes (a blob appears, goes or changes size only by a create, rename or unlink in
 it: store.index.scancache). A scan that did not list `blobs/` as it is, settled (changed within
@@ -27,7 +28,7 @@ from typing import Any
 from modelfs.store.digest import Digest
 from modelfs.store.index.indexfile import read_index, write_index
 from modelfs.store.index.lazy import digest_of_hex, manifest_hex
-from modelfs.store.manifest import Manifest
+from modelfs.store.manifest import Manifest, ManifestList
 from modelfs.store.scan import Entry, StoreIndex
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,7 @@ def fingerprint(
     entries: Iterable[Entry],
     prefer: tuple[str, ...],
     data: str,
-    hex_of: Callable[[Manifest], str] = manifest_hex,
+    hex_of: Callable[[Manifest | ManifestList], str] = manifest_hex,
 ) -> bytes | None:
     """What the counts of a build of `entries` (in its order) depend on; None when the scan
     did not take `blobs/` as settled."""
@@ -72,7 +73,9 @@ def fingerprint(
     parts = [f"{FORMAT_VERSION}\0{data}\0{','.join(prefer)}\0{listing[0]}"]
     add = parts.append
     for entry in entries:
-        add(entry.name.full)
+        # The tag's own digest too: a list's names .by-digest/ directories of its own, and a
+        # tag moved to another list of the same children moves no other part of the key.
+        add(f"{entry.name.full}\0{hex_of(entry.top)}")
         for v in entry.variants:
             add(f"{hex_of(v.manifest)}\0{v.runner}\0{v.from_list:d}")
     return hashlib.blake2b("\n".join(parts).encode(), digest_size=16).digest()

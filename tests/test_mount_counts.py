@@ -1,0 +1,75 @@
+"""The link counts a mount start keeps for the next (fsd.counts): taken only when a build that
+keeps nothing would count the same, and never harmful when the file is not what was saved."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from modelfs.fsd.builder import TreeBuilder
+from modelfs.fsd.nodes import InodeTable
+from modelfs.store.digest import Digest
+from modelfs.store.index import indexfile
+from modelfs.store.layout import Layout
+from modelfs.store.names import parse_name
+from modelfs.store.scan import ScanCache, scan_store
+from tests.builders import TinyStore, compact
+from tests.test_tree import counted
+
+
+def kept_build(root: Path) -> tuple[dict[str, tuple[object, ...]], bool]:
+    """What a mount's build shows (every path's link count), with the scan index and the
+    counts kept as a mount keeps them; and whether it took the counts."""
+    index = scan_store(root, ScanCache.open(Layout(root)))
+    cache = index.cache
+    tree = TreeBuilder(InodeTable()).build(index)
+    assert cache is not None and tree._build is not None
+    cache.save()
+    return counted(tree), tree._build.known is not None
+
+
+def fresh_build(root: Path) -> dict[str, tuple[object, ...]]:
+    """The same from a scan that keeps nothing."""
+    return counted(TreeBuilder(InodeTable()).build(scan_store(root)))
+
+
+def settled(root: Path) -> None:
+    """Counts saved, and taken by the next build."""
+    for _ in range(2):
+        kept_build(root)
+    assert kept_build(root)[1]
+
+
+def test_a_tag_retargeted_to_another_list_of_the_same_children_is_counted_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two tags naming lists of the same child, in two spellings: .by-digest/ shows both lists
+    and the child's blobs are placed there three times. One tag's `manifests-v2/` link moved
+    to the other list (the old list's blob stays in blobs/, whose stamp does not move; names,
+    children and runners are the same): the lists' own digests are in the key too."""
+    monkeypatch.setattr(indexfile, "RACY_NS", 0)  # settled at once
+    tiny = TinyStore(tmp_path / "models")
+    child = tiny.manifest([tiny.layer("model", b"weights"), tiny.layer("license", b"MIT")])
+    first = tiny.manifest_list([(child, "ggml", "gguf")])
+    spelled = json.loads(first)
+    spelled["annotations"] = {"org.example": "another spelling"}
+    second = compact(spelled)
+    tiny.v2("x:1", first, mtime_ns=2 * 10**18)
+    tiny.v2("y:1", second, mtime_ns=10**18)
+    settled(tiny.root)
+    assert kept_build(tiny.root)[0] == fresh_build(tiny.root)
+
+    blobs = os.stat(tiny.layout.blobs)
+    link = tiny.layout.v2_manifest(parse_name("y:1"))
+    moved = link.with_name("moved")
+    os.symlink(
+        os.readlink(link).replace(Digest.of_bytes(second).hex, Digest.of_bytes(first).hex), moved
+    )
+    os.replace(moved, link)
+    assert os.stat(tiny.layout.blobs) == blobs
+    got, _ = kept_build(tiny.root)
+    want = fresh_build(tiny.root)
+    assert got == want
