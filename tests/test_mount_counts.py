@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
 
+from modelfs.fsd import counts
 from modelfs.fsd.builder import TreeBuilder
 from modelfs.fsd.nodes import InodeTable
 from modelfs.store.digest import Digest
@@ -17,6 +19,7 @@ from modelfs.store.layout import Layout
 from modelfs.store.names import parse_name
 from modelfs.store.scan import ScanCache, scan_store
 from tests.builders import TinyStore, compact
+from tests.mounting import fuse, mounted
 from tests.test_tree import counted
 
 
@@ -73,3 +76,19 @@ def test_a_tag_retargeted_to_another_list_of_the_same_children_is_counted_again(
     got, _ = kept_build(tiny.root)
     want = fresh_build(tiny.root)
     assert got == want
+
+
+@fuse
+@pytest.mark.parametrize("name", [counts.FILE_NAME, "scan-index"])
+def test_a_fifo_in_place_of_a_kept_file_never_holds_up_a_mount(tmp_path: Path, name: str) -> None:
+    """A FIFO where the counts (or the scan index) are kept: its open would wait for a writer
+    for ever, and the mount never came up. It is passed over as any unusable file is, and
+    replaced by the file the mount keeps."""
+    tiny = TinyStore(tmp_path / "models")
+    tiny.gguf_model("m:1", payload=b"weights")
+    time.sleep(2.1)  # settled: the start takes blobs/ as it is and looks for kept counts
+    tiny.layout.state.mkdir(exist_ok=True)
+    os.mkfifo(tiny.layout.state / name)
+    with mounted(tiny.root, tmp_path / "mnt") as proc:
+        assert (tmp_path / "mnt" / "m" / "1" / "model.gguf").read_bytes() == b"weights"
+        assert proc.poll() is None
