@@ -7,12 +7,14 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from modelfs.fsd import counts
 from modelfs.fsd.builder import TreeBuilder
-from modelfs.fsd.nodes import InodeTable
+from modelfs.fsd.nodes import DirNode, InodeTable, Node
+from modelfs.fsd.ops import ModelOperations
 from modelfs.store.digest import Digest
 from modelfs.store.index import indexfile
 from modelfs.store.layout import Layout
@@ -20,7 +22,7 @@ from modelfs.store.names import parse_name
 from modelfs.store.scan import ScanCache, scan_store
 from tests.builders import TinyStore, compact
 from tests.mounting import fuse, mounted
-from tests.test_tree import counted
+from tests.test_tree import counted, shared_tool_store
 
 
 def kept_build(root: Path) -> tuple[dict[str, tuple[object, ...]], bool]:
@@ -92,3 +94,74 @@ def test_a_fifo_in_place_of_a_kept_file_never_holds_up_a_mount(tmp_path: Path, n
     with mounted(tiny.root, tmp_path / "mnt") as proc:
         assert (tmp_path / "mnt" / "m" / "1" / "model.gguf").read_bytes() == b"weights"
         assert proc.poll() is None
+
+
+def rewritten(root: Path, field: int, value: Any) -> None:
+    """The kept counts with one field (by its place in what fsd.counts saves) made `value`,
+    every key of a mapping given `value` where `value` is no mapping itself; checksummed
+    and owned as the mount writes it."""
+    path = Layout(root).state / counts.FILE_NAME
+    obj, why = indexfile.read_index(path, counts.MAGIC, counts.FORMAT_VERSION, root)
+    assert obj is not None, why
+    fields = list(obj)
+    old = fields[field]
+    if isinstance(old, dict) and old and not isinstance(value, dict):
+        value = dict.fromkeys(old, value)
+    fields[field] = value
+    indexfile.write_index(path, counts.MAGIC, counts.FORMAT_VERSION, tuple(fields), root)
+
+
+def attributes(root: Path) -> dict[str, int]:
+    """Every path's link count as the mount answers a stat (pyfuse3's attributes), each blob's
+    asked before any tool layout is laid out, as a first `ls -l` of a model directory does."""
+    index = scan_store(root, ScanCache.open(Layout(root)))
+    tree = TreeBuilder(InodeTable()).build(index)
+    ops = ModelOperations(tree, 0, 0, root)
+    blobs = tree.root.children[".blobs"]
+    assert isinstance(blobs, DirNode)
+    out = {f"/.blobs/{name}": ops._attrs(node).st_nlink for name, node in blobs.children.items()}
+
+    def listed(node: Node, path: str) -> None:  # each asked before it is filled
+        out[path] = ops._attrs(node).st_nlink
+        if isinstance(node, DirNode):
+            for name, child in node.children.items():
+                listed(child, f"{path}/{name}")
+
+    listed(tree.root, "")
+    return out
+
+
+HUGE = 1 << 80
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        (1, HUGE),  # place_links
+        (1, -5),
+        (4, HUGE),  # merged_links
+        (5, HUGE),  # gguf_places
+        (8, (HUGE, 0)),  # hidden_subdirs
+        (8, ("1", "2")),
+        (9, 1),  # blob_repos
+        (9, [None]),
+        (9, [[["not", "a"], "repo"]]),
+        (9, "registry.ollama.ai"),
+    ],
+)
+def test_kept_counts_not_of_the_shape_saved_cost_only_the_counting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, field: int, value: Any
+) -> None:
+    """A counts file with its checksum right but a field of another shape or a count no store
+    has (written by a bug, or by hand): every path still answers a stat with the link count
+    a build that keeps nothing gives. A repository list of another shape failed every blob's
+    stat with EIO, a huge count every stat of what showed it (st_nlink overflows)."""
+    monkeypatch.setattr(indexfile, "RACY_NS", 0)
+    shared_tool_store(tmp_path / "models")
+    tiny = TinyStore(tmp_path / "models")
+    child = tiny.manifest([tiny.layer("model", b"w"), tiny.layer("projector", b"p")])
+    tiny.v2("lst:1", tiny.manifest_list([(child, "ggml", "gguf"), (child, "llamacpp", "gguf")]))
+    settled(tiny.root)
+    want = attributes(tiny.root)
+    rewritten(tiny.root, field, value)
+    assert attributes(tiny.root) == want

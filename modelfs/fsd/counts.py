@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 MAGIC = b"modelfs mount counts\n"
 FORMAT_VERSION = 1
 FILE_NAME = "mount-counts"
+MAX_COUNT = (1 << 31) - 1
 
 
 @dataclass(slots=True)
@@ -98,16 +99,19 @@ def load(index: StoreIndex, key: bytes) -> Counts | None:
             return None
         counts = Counts(dict(links), dict(media), set(gguf))
         hexes = _Digests()
-        counts.merged_links = {tuple(map(hexes, k)): int(n) for k, n in merged.items()}
-        counts.gguf_places = {hexes(k): int(n) for k, n in places.items()}
+        counts.merged_links = {tuple(map(hexes, k)): _count(n) for k, n in merged.items()}
+        counts.gguf_places = {hexes(k): _count(n) for k, n in places.items()}
         counts.projector_places = {hexes(k): list(map(hexes, v)) for k, v in projectors.items()}
         counts.tensors = {str(k): tuple(map(hexes, v)) for k, v in tensors.items()}
         by_name, by_digest = hidden
-        counts.hidden_subdirs = (int(by_name), int(by_digest))
+        counts.hidden_subdirs = (_count(by_name), _count(by_digest))
         if type(repos) is not dict:
             raise TypeError("blob_repos")
-        counts.blob_repos = repos  # each looked up when a blob is first counted
-        if not all(type(k) is str and type(n) is int for k, n in counts.place_links.items()):
+        counts.blob_repos = repos  # each checked when a blob is first counted (`repos_of`)
+        if not all(
+            type(k) is str and type(n) is int and 0 <= n <= MAX_COUNT
+            for k, n in counts.place_links.items()
+        ):
             raise TypeError("place_links")
         if not all(type(k) is str and type(v) is str for k, v in counts.media.items()):
             raise TypeError("media")
@@ -135,6 +139,23 @@ def save(index: StoreIndex, key: bytes, counts: Counts) -> None:
         write_index(_path(index), MAGIC, FORMAT_VERSION, obj, index.layout.root)
     except (OSError, ValueError) as exc:
         log.debug("mount counts not saved: %s", exc)
+
+
+def _count(n: object) -> int:
+    """A count as `save` writes one (a link count past MAX_COUNT overflows a stat's)."""
+    if type(n) is not int or not 0 <= n <= MAX_COUNT:
+        raise ValueError("not a count")
+    return n
+
+
+def repos_of(saved: object) -> list[tuple[str, ...]] | None:
+    """A blob's repositories as `save` writes them (in `Counts.blob_repos`, not checked at the
+    load: 20,000 blobs a start, and few are asked); None for anything else, which its caller
+    works out afresh."""
+    if type(saved) is not list:
+        return None
+    repos = [r for r in saved if type(r) is tuple and all(type(p) is str for p in r)]
+    return repos if len(repos) == len(saved) else None
 
 
 class _Digests:
