@@ -48,6 +48,24 @@ def settled(root: Path) -> None:
     assert kept_build(root)[1]
 
 
+def two_spellings(tiny: TinyStore) -> tuple[bytes, bytes]:
+    """Two manifest lists of the same child (one with an annotation more)."""
+    child = tiny.manifest([tiny.layer("model", b"weights"), tiny.layer("license", b"MIT")])
+    first = tiny.manifest_list([(child, "ggml", "gguf")])
+    spelled = json.loads(first)
+    spelled["annotations"] = {"org.example": "another spelling"}
+    return first, compact(spelled)
+
+
+def move_link(tiny: TinyStore, name: str, old: bytes, new: bytes) -> None:
+    """Point a `manifests-v2/` tag at another manifest blob already in the store (as a link
+    renamed over it: blobs/ is not touched)."""
+    link = tiny.layout.v2_manifest(parse_name(name))
+    moved = link.with_name("moved")
+    os.symlink(os.readlink(link).replace(Digest.of_bytes(old).hex, Digest.of_bytes(new).hex), moved)
+    os.replace(moved, link)
+
+
 def test_a_tag_retargeted_to_another_list_of_the_same_children_is_counted_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -57,23 +75,14 @@ def test_a_tag_retargeted_to_another_list_of_the_same_children_is_counted_again(
     children and runners are the same): the lists' own digests are in the key too."""
     monkeypatch.setattr(indexfile, "RACY_NS", 0)  # settled at once
     tiny = TinyStore(tmp_path / "models")
-    child = tiny.manifest([tiny.layer("model", b"weights"), tiny.layer("license", b"MIT")])
-    first = tiny.manifest_list([(child, "ggml", "gguf")])
-    spelled = json.loads(first)
-    spelled["annotations"] = {"org.example": "another spelling"}
-    second = compact(spelled)
+    first, second = two_spellings(tiny)
     tiny.v2("x:1", first, mtime_ns=2 * 10**18)
     tiny.v2("y:1", second, mtime_ns=10**18)
     settled(tiny.root)
     assert kept_build(tiny.root)[0] == fresh_build(tiny.root)
 
     blobs = os.stat(tiny.layout.blobs)
-    link = tiny.layout.v2_manifest(parse_name("y:1"))
-    moved = link.with_name("moved")
-    os.symlink(
-        os.readlink(link).replace(Digest.of_bytes(second).hex, Digest.of_bytes(first).hex), moved
-    )
-    os.replace(moved, link)
+    move_link(tiny, "y:1", second, first)
     assert os.stat(tiny.layout.blobs) == blobs
     got, _ = kept_build(tiny.root)
     want = fresh_build(tiny.root)
@@ -165,3 +174,39 @@ def test_kept_counts_not_of_the_shape_saved_cost_only_the_counting(
     want = attributes(tiny.root)
     rewritten(tiny.root, field, value)
     assert attributes(tiny.root) == want
+
+
+def stat_links(mnt: Path) -> dict[str, int]:
+    """Every path of a mount and its st_nlink, as `find -links` and `du` see them."""
+    out: dict[str, int] = {}
+    for top, _dirs, files in os.walk(mnt):
+        rel = top[len(str(mnt)) :] or "/"
+        out[rel] = os.lstat(top).st_nlink
+        for name in files:
+            out[f"{rel.rstrip('/')}/{name}"] = os.lstat(os.path.join(top, name)).st_nlink
+    return out
+
+
+@fuse
+def test_a_mount_after_a_tag_moved_to_another_list_shows_the_links_of_a_fresh_build(
+    tmp_path: Path,
+) -> None:
+    """The retargeted list above, through real mounts: the first start saves the counts, the
+    second takes them, the third (after the move) shows what a build that keeps nothing
+    counts."""
+    tiny = TinyStore(tmp_path / "models")
+    first, second = two_spellings(tiny)
+    tiny.v2("x:1", first, mtime_ns=2 * 10**18)  # one mtime: the order stays x, y
+    tiny.v2("y:1", second, mtime_ns=2 * 10**18)
+    tiny.gguf_model("a:b", payload=b"ab")
+    time.sleep(2.1)  # settled: a start keeps its counts only then
+    mnt = tmp_path / "mnt"
+    for _ in range(2):
+        with mounted(tiny.root, mnt):
+            stat_links(mnt)
+    assert (tiny.layout.state / counts.FILE_NAME).is_file()
+    move_link(tiny, "y:1", second, first)
+    with mounted(tiny.root, mnt):
+        got = stat_links(mnt)
+    want = {path or "/": shown[1] for path, shown in fresh_build(tiny.root).items()}
+    assert {p: (got.get(p), n) for p, n in want.items() if got.get(p) != n} == {}
