@@ -118,17 +118,21 @@ def test_signature_moves_on_each_kind_of_change(tmp_path: Path) -> None:
     assert store_signature(layout) != s2
 
 
-@pytest.mark.parametrize("change", ["none", "add", "rewrite", "remove-top", "blob"])
+@pytest.mark.parametrize(
+    "change", ["none", "add", "rewrite", "remove-top", "blob", "remove-v2", "remove-blobs"]
+)
 def test_the_first_look_after_a_start_sees_changes_made_during_its_scan(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str
 ) -> None:
     """A mount start takes no signature before its scan; the first look after it tells by the
     ctimes whether the store changed since the scan began: a tag added, one rewritten with its
-    mtime put back, a whole name removed from the top of manifests/, a blob added."""
+    mtime put back, a whole name removed from the top of manifests/, a blob added, the whole
+    of manifests-v2/ or blobs/ removed (no ctime of theirs is left to look at)."""
     monkeypatch.setattr(indexfile, "RACY_NS", 20_000_000)
     tiny = TinyStore(tmp_path / "models")
     tiny.gguf_model("a:1", payload=b"a")
     tiny.gguf_model("hf.co/o/r:q4", payload=b"r")
+    tiny.v2("v:1", tiny.manifest([tiny.layer("model", b"v")]))
     time.sleep(0.05)  # settled, as far as the margin above goes
     mount = Mount(tiny.root, tmp_path / "mnt", prefer=("ggml",))
     try:
@@ -148,6 +152,10 @@ def test_the_first_look_after_a_start_sees_changes_made_during_its_scan(
         shutil.rmtree(tiny.layout.manifests / "hf.co")
     elif change == "blob":
         tiny.blob(b"just a blob")
+    elif change == "remove-v2":
+        shutil.rmtree(tiny.layout.manifests_v2)
+    elif change == "remove-blobs":
+        shutil.rmtree(tiny.layout.blobs)
     first = store_signature(Layout(tiny.root))
     assert mount._served_as(first) == (change == "none")
     assert mount._served_as(store_signature(Layout(tiny.root))) == (change == "none")

@@ -4,8 +4,9 @@ Every file a mount shows has the link count of the places that show it, so that 
 `find -links` see one file; a blob's count needs what every model directory will show, which
 is every manifest's layers: a fifth of a start on 5,000 models (fsd.counting).
 They depend only on what a build is given, so they are kept with a fingerprint of exactly that:
-the tags in the order the build places them, the manifest each of their variants serves
-(by digest, so a tag rewritten in place is a new fingerprint), their runners, the mount's
+the tags in the order the build places them, the manifest each names (a list's own digest
+names directories in .by-digest/) and each of their variants serves (by digest, so a tag
+rewritten in place is a new fingerprint), their runners, the mount's
 `--prefer` and `--data`, and `blobs/`'s (inode, mtime_ns, ctime_ns), by which the scan index
 trusts blob sizes (a blob appears, goes or changes size only by a create, rename or unlink in
 it: store.index.scancache). A scan that did not list `blobs/` as it is, settled (changed within
@@ -27,7 +28,7 @@ from typing import Any
 from modelfs.store.digest import Digest
 from modelfs.store.index.indexfile import read_index, write_index
 from modelfs.store.index.lazy import digest_of_hex, manifest_hex
-from modelfs.store.manifest import Manifest
+from modelfs.store.manifest import Manifest, ManifestList
 from modelfs.store.scan import Entry, StoreIndex
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 MAGIC = b"modelfs mount counts\n"
 FORMAT_VERSION = 1
 FILE_NAME = "mount-counts"
+MAX_COUNT = (1 << 31) - 1
 
 
 @dataclass(slots=True)
@@ -62,7 +64,7 @@ def fingerprint(
     entries: Iterable[Entry],
     prefer: tuple[str, ...],
     data: str,
-    hex_of: Callable[[Manifest], str] = manifest_hex,
+    hex_of: Callable[[Manifest | ManifestList], str] = manifest_hex,
 ) -> bytes | None:
     """What the counts of a build of `entries` (in its order) depend on; None when the scan
     did not take `blobs/` as settled."""
@@ -72,7 +74,9 @@ def fingerprint(
     parts = [f"{FORMAT_VERSION}\0{data}\0{','.join(prefer)}\0{listing[0]}"]
     add = parts.append
     for entry in entries:
-        add(entry.name.full)
+        # The tag's own digest too: a list's names .by-digest/ directories of its own, and a
+        # tag moved to another list of the same children moves no other part of the key.
+        add(f"{entry.name.full}\0{hex_of(entry.top)}")
         for v in entry.variants:
             add(f"{hex_of(v.manifest)}\0{v.runner}\0{v.from_list:d}")
     return hashlib.blake2b("\n".join(parts).encode(), digest_size=16).digest()
@@ -95,16 +99,19 @@ def load(index: StoreIndex, key: bytes) -> Counts | None:
             return None
         counts = Counts(dict(links), dict(media), set(gguf))
         hexes = _Digests()
-        counts.merged_links = {tuple(map(hexes, k)): int(n) for k, n in merged.items()}
-        counts.gguf_places = {hexes(k): int(n) for k, n in places.items()}
+        counts.merged_links = {tuple(map(hexes, k)): _count(n) for k, n in merged.items()}
+        counts.gguf_places = {hexes(k): _count(n) for k, n in places.items()}
         counts.projector_places = {hexes(k): list(map(hexes, v)) for k, v in projectors.items()}
         counts.tensors = {str(k): tuple(map(hexes, v)) for k, v in tensors.items()}
         by_name, by_digest = hidden
-        counts.hidden_subdirs = (int(by_name), int(by_digest))
+        counts.hidden_subdirs = (_count(by_name), _count(by_digest))
         if type(repos) is not dict:
             raise TypeError("blob_repos")
-        counts.blob_repos = repos  # each looked up when a blob is first counted
-        if not all(type(k) is str and type(n) is int for k, n in counts.place_links.items()):
+        counts.blob_repos = repos  # each checked when a blob is first counted (`repos_of`)
+        if not all(
+            type(k) is str and type(n) is int and 0 <= n <= MAX_COUNT
+            for k, n in counts.place_links.items()
+        ):
             raise TypeError("place_links")
         if not all(type(k) is str and type(v) is str for k, v in counts.media.items()):
             raise TypeError("media")
@@ -132,6 +139,23 @@ def save(index: StoreIndex, key: bytes, counts: Counts) -> None:
         write_index(_path(index), MAGIC, FORMAT_VERSION, obj, index.layout.root)
     except (OSError, ValueError) as exc:
         log.debug("mount counts not saved: %s", exc)
+
+
+def _count(n: object) -> int:
+    """A count as `save` writes one (a link count past MAX_COUNT overflows a stat's)."""
+    if type(n) is not int or not 0 <= n <= MAX_COUNT:
+        raise ValueError("not a count")
+    return n
+
+
+def repos_of(saved: object) -> list[tuple[str, ...]] | None:
+    """A blob's repositories as `save` writes them (in `Counts.blob_repos`, not checked at the
+    load: 20,000 blobs a start, and few are asked); None for anything else, which its caller
+    works out afresh."""
+    if type(saved) is not list:
+        return None
+    repos = [r for r in saved if type(r) is tuple and all(type(p) is str for p in r)]
+    return repos if len(repos) == len(saved) else None
 
 
 class _Digests:

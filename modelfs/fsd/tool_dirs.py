@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import TYPE_CHECKING
 
+from modelfs.fsd.counts import repos_of
 from modelfs.fsd.nodes import BlobNode, BytesNode, DirNode, Node
 from modelfs.fsd.plan import ModelPlan
 from modelfs.store.digest import Digest
@@ -203,7 +204,12 @@ class ToolDirs:
 
     def _repo_count(self, digest: Digest) -> int:
         """How often the layouts show the blob: laid out for the repositories holding it."""
-        repos = self.repos_of_blobs().get(digest.hex)
+        got = self.repos_of_blobs().get(digest.hex, ())
+        repos: Collection[Repo] | None = got if type(got) is set or got == () else repos_of(got)
+        if repos is None:  # kept by the last build (fsd.counts), but not as it saves them
+            log.debug("%s: repositories kept not of their shape; worked out again", digest)
+            self.blob_repos = None
+            repos = self.repos_of_blobs().get(digest.hex, ())
         if not repos:
             return 0
         if self.repo_entries is None:

@@ -26,7 +26,14 @@ def store_signature(layout: Layout) -> Signature:
         try:
             sig.append(_stamped(str(top), os.stat(top)))
         except FileNotFoundError:
-            sig.append((str(top), 0, 0, 0, 0))  # not there yet (no v2 tag ever written)
+            # Not there (no v2 tag ever written), or removed whole: then by the store's own
+            # directory, whose ctime moved when it went (`changed_since` sees that).
+            try:
+                root = os.stat(layout.root)
+            except OSError:
+                sig.append((str(top), None))
+            else:
+                sig.append((str(top), 0, 0, 0, root.st_ctime_ns))
             continue
         except OSError:
             sig.append((str(top), None))

@@ -70,7 +70,8 @@ def read_index(
     if not store_is_ours(root):
         return None, None
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        # Never waiting: a FIFO put there would hold the open until a writer came (for ever).
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return None, None
     except OSError as exc:
