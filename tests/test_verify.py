@@ -8,6 +8,7 @@ JSON report and the store afterwards.
 
 from __future__ import annotations
 
+import array
 import errno
 import json
 import os
@@ -778,3 +779,29 @@ def test_repair_of_a_truncated_blob_fetches_the_size_its_manifest_gives(tmp_path
     assert rc == 0, err
     assert [r["ok"] for r in report["repairs"]] == [True]
     assert target.blob(source.digest).read_bytes() == source.payload
+
+
+@pytest.mark.parametrize("name", ["../../victim", "sha256-partial-1"])
+def test_a_cache_naming_a_file_no_listing_holds_moves_nothing(tmp_path: Path, name: str) -> None:
+    """A cache is trusted to say which blobs a --quick run need not read, never what a file is
+    called: a name that is a path out of blobs/ (the cache is then damaged), or no blob's name
+    (taken for a changed one), with the file's own stamp and a sample that does not match, is
+    never checked as a blob, so never moved to the quarantine."""
+    m = Model(tmp_path / "models")
+    assert verify(m.root)[0] == 0
+    victim = tmp_path / "victim" if name.startswith("..") else m.layout.blobs / name
+    victim.write_bytes(b"not the store's" * (MiB // 8))
+    before = victim.read_bytes()
+    cache = VerifyCache.load(m.layout)
+    st = os.stat(m.layout.blobs)
+    flat = array.array("q", cache.flat)
+    vst = victim.stat()
+    flat.extend([vst.st_ino, vst.st_size, vst.st_mtime_ns, vst.st_ctime_ns])
+    at = array.array("q", [*cache.at, 1])
+    samples = {**cache.samples, name: "0" * 32}
+    listed = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+    assert VerifyCache.of_columns(m.layout, [*cache.names, name], flat, at, samples, listed).save()
+    _, report, err = verify(m.root, "--quick")
+    assert victim.read_bytes() == before
+    assert not report["corrupt"] and not report["quarantine"], report
+    assert "Traceback" not in err

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import array
 import contextlib
+import errno
 import hashlib
 import logging
 import os
@@ -497,6 +498,8 @@ def quarantine_blob(layout: Layout, name: str, key: FileKey | None = None) -> Pa
     only if it is still that file, unchanged (not a good copy renamed over it or restored into
     it since it was checked).
     Raises OSError (read-only store, EXDEV, …) and FileNotFoundError (it is gone)."""
+    if not is_blob_name(name):  # never a path out of blobs/, whatever a caller was told
+        raise OSError(errno.EINVAL, f"{name!r} is not a blob's name; not moved")
     src = layout.blobs / name
     if key is not None and FileKey.of(os.lstat(src)) != key:
         raise FileNotFoundError(f"{src} was replaced or rewritten since it was checked")

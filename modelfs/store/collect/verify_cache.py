@@ -30,6 +30,7 @@ import zlib
 from pathlib import Path
 
 from modelfs.store.collect.verify import SAMPLE_FROM, CacheEntry, Stamp
+from modelfs.store.digest import is_blob_name
 from modelfs.store.disk.fileio import open_stat
 from modelfs.store.disk.owner import write_atomic
 from modelfs.store.layout import Layout
@@ -211,6 +212,11 @@ class VerifyCache:
         names = str(body[:names_len], "utf-8", "surrogateescape").split("\0") if n else []
         if len(names) != n:
             raise ValueError(f"{len(names)} names, not {n}")
+        # Names as a listing of blobs/ gives them: never a path out of it.
+        if n and (
+            "/" in body[:names_len].tobytes().decode("latin-1") or {"", ".", ".."} & set(names)
+        ):
+            raise ValueError("a name no listing of blobs/ holds")
         flat = _int64s(body[names_len : names_len + 32 * n])
         at = _int64s(body[names_len + 32 * n : names_len + 40 * n])
         pairs = str(body[names_len + 40 * n :], "ascii").split("\0") if samples_len else []
@@ -225,7 +231,9 @@ class VerifyCache:
         large = []
         if n and max(sizes) >= SAMPLE_FROM:  # in C: a store of small blobs has none
             large = [i for i, size in enumerate(sizes) if size >= SAMPLE_FROM]
-        good = {names[i] for i in large if names[i] in samples}
+        # Only a blob's entry may have a sample, which sends it to a check (and a blob found
+        # corrupt there to the quarantine): any other is taken for a changed name.
+        good = {names[i] for i in large if names[i] in samples and is_blob_name(names[i])}
         odd = [i for i in large if names[i] not in good]
         if len(good) != len(samples):
             odd += [i for i, name in enumerate(names) if name in samples and name not in good]
