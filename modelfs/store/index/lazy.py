@@ -78,16 +78,12 @@ class Tables:
     def digest(self, i: int) -> Digest:
         d = self._digests.get(i)
         if d is None:
-            if type(i) is not int or i < 0:
-                raise IndexError("a digest's number")
-            hexes = self._hexes
-            if hexes is None:
-                hexes = self._hexes = _checked_hexes(self._hex_text)
-            d = self._digests[i] = _digest(hexes[i])
+            d = self._digests[i] = _digest(self.hex(i))
         return d
 
     def hex(self, i: int) -> str:
-        """The hex of digest number `i` (IndexError as `digest`), no Digest made."""
+        """The hex of digest number `i`, no Digest made (IndexError for a number the table does
+        not hold, or any when the table is not of its shape)."""
         if type(i) is not int or i < 0:
             raise IndexError("a digest's number")
         hexes = self._hexes
