@@ -662,3 +662,38 @@ def test_a_purge_looks_again_and_never_trusts_the_reach_index(
     report = trio.run(gc_runner.run_gc, store.layout, policy)
     assert trashed.exists(), report.purged  # the old purge unlinked it
     assert [i.path.name for i in report.changed] == [junk.blob_name]
+
+
+def test_a_purge_look_that_cannot_read_a_manifest_stops_the_run(
+    store: TinyStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The purge's fresh look refusing (a manifest written unreadable after the plan, by
+    another host) stops the run there, as a refused plan does (GC invariant 2): no old temp
+    file deleted, no first sighting saved, nothing moved to trash after it."""
+    store.gguf_model("keep:1")
+    junk = orphan(store, b"x" * 1000)
+    trio.run(gc_runner.run_gc, store.layout, GcPolicy(grace=0, below_floor=True))
+    trio.run(gc_runner.run_gc, store.layout, GcPolicy(grace=0, below_floor=True))
+    assert list(store.layout.trash.glob(f"*/{junk.blob_name}"))
+    young = orphan(store, b"y" * 1000)
+    old_temp = store.layout.blobs / f"sha256-{'ab' * 32}-partial"
+    old_temp.write_bytes(b"x" * 10)
+    age(old_temp, 8 * 86400)
+    real = gc_runner.plan_gc
+
+    def plan_then_break(*args: Any, **kwargs: Any) -> Any:
+        plan = real(*args, **kwargs)
+        bad = store.layout.manifests / "registry.ollama.ai" / "library" / "broken" / "latest"
+        bad.parent.mkdir(parents=True)
+        bad.write_bytes(b"{not json")
+        return plan
+
+    monkeypatch.setattr(gc_runner, "plan_gc", plan_then_break)
+    report = trio.run(
+        gc_runner.run_gc,
+        store.layout,
+        GcPolicy(grace=0, below_floor=True, trash_retention=0),
+    )
+    assert report.refused and not report.purged
+    assert old_temp.exists() and not report.temps
+    assert present(store, young) and not report.trashed

@@ -176,6 +176,9 @@ class _Run:
         # undone, and the plan may have read reach from the reach index: it gets the same
         # fresh look as a move to trash (a blob named now is skipped, put back next run).
         await self.steps(plan.purge, delete_file, report.purged, look_first=True)
+        if report.refused:  # the purge's look could not read a manifest or lease: stop here
+            await self.remove_emptied(report.restored)
+            return
         await self.steps(plan.temps, delete_file, report.temps)
         await self.remove_emptied([*report.purged, *report.restored])
         try:
