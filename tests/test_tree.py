@@ -655,3 +655,24 @@ def test_small_tensor_headers_are_read_in_a_worker_thread(
     assert "model.safetensors" in dict(ops._dir_handles[fh][1])
     assert len(threads) == tensors
     assert not any(t is threading.main_thread() for t in threads)
+
+
+def test_a_rebuild_forgets_gone_blobs_while_workers_add_views(tmp_path: Path) -> None:
+    """A rebuild drops the views of blobs the store no longer has from the mount's caches,
+    which worker threads of the served tree fill meanwhile (a tensor blob's names, a merged
+    header): one added between two of its steps must not fail the rebuild."""
+    tiny = TinyStore(tmp_path / "models")
+    tiny.gguf_model("a:1", payload=b"a")
+    builder = TreeBuilder(InodeTable())
+    index = scan_store(tiny.root)
+    builder.build(index)
+    builder.tensor_names[Digest.of_bytes(b"gone")] = None
+    real = index.has_blob
+
+    def worker_adds_meanwhile(digest: Digest) -> bool:
+        builder.tensor_names.setdefault(Digest.of_bytes(b"added by a worker"), None)
+        return real(digest)
+
+    index.has_blob = worker_adds_meanwhile  # type: ignore[method-assign]
+    builder._drop_gone(index)
+    assert Digest.of_bytes(b"gone") not in builder.tensor_names

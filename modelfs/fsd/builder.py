@@ -168,13 +168,15 @@ class TreeBuilder:
                 gc.enable()
 
     def _drop_gone(self, index: StoreIndex) -> None:
-        """Views of blobs the store no longer has go with them (a mount's life is long)."""
+        """Views of blobs the store no longer has go with them (a mount's life is long).
+        Worker threads of the served tree add to these caches meanwhile: each is walked from a
+        copy of its keys (list() of a dict is one step under the GIL)."""
         for cache in (self.compat, self.mmproj, self.tensor_names):
-            for digest in [d for d in cache if not index.has_blob(d)]:
-                del cache[digest]
+            for digest in [d for d in list(cache) if not index.has_blob(d)]:
+                cache.pop(digest, None)
         for keyed in (self.merged, self.indexes):
-            for key in [k for k in keyed if not all(index.has_blob(d) for d in k)]:
-                del keyed[key]
+            for key in [k for k in list(keyed) if not all(index.has_blob(d) for d in k)]:
+                keyed.pop(key, None)
 
 
 class _Build(Counting, CompatDirs, ToolDirs):
