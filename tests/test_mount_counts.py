@@ -156,6 +156,8 @@ HUGE = 1 << 80
         (9, [None]),
         (9, [[["not", "a"], "repo"]]),
         (9, "registry.ollama.ai"),
+        (9, {1}),  # marshal loads sets too: a set is no sign of a list worked out here
+        (9, {("nope",)}),
     ],
 )
 def test_kept_counts_not_of_the_shape_saved_cost_only_the_counting(

@@ -28,6 +28,7 @@ class Counting:
     gguf_places: dict[Digest, int]
     projector_places: dict[Digest, list[Digest]]
     blob_repos: Mapping[str, Collection[tuple[str, ...]]] | None
+    repos_kept: bool
     hex_of: HexOf
 
     if TYPE_CHECKING:
@@ -162,7 +163,7 @@ class Counting:
         )
         self.merged_links = known.merged_links
         self.gguf_places, self.projector_places = known.gguf_places, known.projector_places
-        self.blob_repos = known.blob_repos
+        self.blob_repos, self.repos_kept = known.blob_repos, True
         decisions = self.builder.decisions
         if decisions is not None:
             for model in known.gguf_places:

@@ -89,6 +89,7 @@ class ToolDirs:
         # The repositories holding each blob (by hex): worked out from every manifest's
         # layers, or taken from the last build of the same store (fsd.counts).
         self.blob_repos: Mapping[str, Collection[Repo]] | None = None
+        self.repos_kept = False  # blob_repos read from fsd.counts' file: each checked when used
         self.repo_entries: dict[Repo, list[Entry]] | None = None
         self.counted_alone = 0
         # The tensor names known when the build began: a layout made later is the one the
@@ -138,6 +139,7 @@ class ToolDirs:
                     counts.update(self._shown(self.tool_files[name]))
                 self.tool_counts = counts
                 self.blob_repos, self.repo_entries = {}, None  # counted by `tool_counts` now
+                self.repos_kept = False
                 files = self.tool_files[layout]
             return files
 
@@ -205,7 +207,7 @@ class ToolDirs:
     def _repo_count(self, digest: Digest) -> int:
         """How often the layouts show the blob: laid out for the repositories holding it."""
         got = self.repos_of_blobs().get(digest.hex, ())
-        repos: Collection[Repo] | None = got if type(got) is set or got == () else repos_of(got)
+        repos: Collection[Repo] | None = repos_of(got) if self.repos_kept and got else got
         if repos is None:  # kept by the last build (fsd.counts), but not as it saves them
             log.debug("%s: repositories kept not of their shape; worked out again", digest)
             self.blob_repos = None
@@ -234,5 +236,5 @@ class ToolDirs:
                     for layer in v.manifest.layers:
                         if layer.kind in SHOWN_KINDS:
                             blob_repos.setdefault(layer.digest.hex, set()).add(repo)
-            self.blob_repos = blob_repos
+            self.blob_repos, self.repos_kept = blob_repos, False
         return self.blob_repos
