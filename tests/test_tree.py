@@ -376,14 +376,15 @@ def test_what_a_build_counts_is_what_the_plans_show(tmp_path: Path) -> None:
     """The build counts a model directory's blobs from its manifest's layers, its plan made
     when it is filled: both say the same of every manifest (which blobs, config, tensors,
     model.gguf, mmproj.gguf, the .gguf files and each blob's media type), json layers taking
-    a GGUF's name and two layers of a kind among them."""
+    a GGUF's name, two layers of a kind and a `.gguf` kind of its own among them."""
     index = shared_tool_store(tmp_path / "models")
     tiny = TinyStore(tmp_path / "models")
     taken = tiny.layer("json", b"{}", name="model.gguf")
     two = [tiny.layer("model", b"first"), tiny.layer("model", b"second")]
     late = tiny.layer("json", b"[]", name="mmproj.gguf")
     tiny.legacy("odd:taken", tiny.manifest([taken, *two, tiny.layer("projector", b"p"), late]))
-    tiny.legacy("odd:two", tiny.manifest([*two, tiny.layer("projector", b"p")]))
+    own = tiny.layer("x.gguf", b"a kind of its own")  # shown as .ollama/layers/3-x.gguf
+    tiny.legacy("odd:two", tiny.manifest([*two, tiny.layer("projector", b"p"), own]))
     index = scan_store(tiny.root)
     tree = TreeBuilder(InodeTable()).build(index)
     build = tree._build
@@ -410,6 +411,7 @@ def test_what_a_build_counts_is_what_the_plans_show(tmp_path: Path) -> None:
     assert shapes[manifests_of(index, "odd:taken")].model == Digest.of_bytes(b"{}")
     assert shapes[manifests_of(index, "odd:two")].model == Digest.of_bytes(b"first")
     assert tree.blob_nodes[Digest.of_bytes(b"second")].gguf  # shown as model-2.gguf
+    assert Digest.of_bytes(b"a kind of its own").hex in build.gguf_blobs
 
 
 def manifests_of(index: StoreIndex, name: str) -> Digest:

@@ -10,12 +10,12 @@ from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING
 
 from modelfs.fsd.counts import Counts
-from modelfs.fsd.plan import GGUF_PATHS, BuilderState, ModelShape
+from modelfs.fsd.plan import BuilderState, ModelShape
 from modelfs.store.digest import Digest
 from modelfs.store.index.lazy import HexOf
 from modelfs.store.manifest import Manifest
 from modelfs.store.scan import StoreIndex, Variant
-from modelfs.store.tools.files import model_files
+from modelfs.store.tools.files import GGUF_NAMES, model_files
 
 
 class Counting:
@@ -68,13 +68,16 @@ class Counting:
         kinds = [layer.kind for layer in layers]
         paths: list[str] = []
         if any(
-            k == "json" and ".gguf" in (x.name or "") for k, x in zip(kinds, layers, strict=True)
+            ".gguf" in k or (k == "json" and ".gguf" in (x.name or ""))
+            for k, x in zip(kinds, layers, strict=True)
         ):
-            # A json layer may take a GGUF's name, or be a .gguf file: as the plan names them.
+            # A json layer may take a GGUF's name, or be a .gguf file, and a layer of a kind
+            # of its own is a file named after it (`.ollama/layers/3-x.gguf`): as the plan
+            # names them.
             paths = [f.path for f in model_files(manifest)]
         else:
             for kind in kinds:
-                path = GGUF_PATHS.get(kind, "")
+                path = GGUF_NAMES.get(kind, "")
                 if path and path in paths:
                     path = f"-{path}"  # the next of a kind: model-2.gguf, still a .gguf file
                 paths.append(path)

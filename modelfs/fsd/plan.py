@@ -40,16 +40,6 @@ class ModelShape:
     projector: Digest | None  # ... as mmproj.gguf
 
 
-# The .gguf name the first layer of each kind gets in a manifest without json layers
-# (store.tools.files; the next ones are -2, -3, still .gguf, and nothing else takes these).
-GGUF_PATHS = {
-    "model": "model.gguf",
-    "projector": "mmproj.gguf",
-    "draft": "draft.gguf",
-    "adapter": "adapter.gguf",
-}
-
-
 class BuilderState(Protocol):
     """What outlives one build in fsd.builder.TreeBuilder and the compat views use."""
 

@@ -23,6 +23,8 @@ _BY_KIND: dict[str, tuple[str, str]] = {
     "messages": ("messages", ".json"),
     "license": ("LICENSE", ""),
 }
+# The .gguf file the first layer of each such kind is (the next ones are -2, -3, still .gguf).
+GGUF_NAMES = {kind: f"{stem}{ext}" for kind, (stem, ext) in _BY_KIND.items() if ext == ".gguf"}
 
 # Paths modelfs synthesizes itself; a layer never takes one of them.
 RESERVED = frozenset({"Modelfile", "model.safetensors", ".ollama", "tensors", "llama.cpp"})
