@@ -209,6 +209,7 @@ class _Build(Counting, CompatDirs, ToolDirs):
         # The model directories each holder (by inode) will hold, while building.
         self.leaves: dict[int, dict[str, tuple[Entry, Variant]]] = {}
         self.hex_of = HexOf()  # manifests are named by digest before any is made whole
+        self.hidden_later: tuple[_Places, _Places] | None = None  # see _fill_hidden_later
         self.init_counting()
         self.nodes: dict[int, Node] | None = {}  # while building; then None
         self.pending: dict[int, Node] = {}  # made lazily before the tree is attached
@@ -495,14 +496,18 @@ class _Build(Counting, CompatDirs, ToolDirs):
 
     def _fill_hidden_later(self, entries: list[Entry], which: int, top: DirNode) -> None:
         """Fill .by-name/ (0) or .by-digest/ (1) of a build that took its counts (fsd.counts),
-        which worked out no place there."""
-        hidden: tuple[_Places, _Places] = ({}, {})
-        for entry in entries:
-            try:
-                self._add_hidden(hidden, entry)
-            except Exception:
-                log.exception("%s: not shown", entry.name)
+        which worked out no place there: both tops' places in one pass, the other's kept for
+        it until it is filled."""
+        hidden = self.hidden_later
+        if hidden is None:
+            hidden = self.hidden_later = ({}, {})
+            for entry in entries:
+                try:
+                    self._add_hidden(hidden, entry)
+                except Exception:
+                    log.exception("%s: not shown", entry.name)
         self._fill_hidden(hidden[which], top)
+        hidden[which].clear()  # placed: nothing to keep for it
 
     def _defer(self, places: _Places, rel: tuple[str, ...], entry: Entry, v: Variant) -> None:
         """A model directory to place when its top (.by-name/, .by-digest/) is filled; its

@@ -137,6 +137,7 @@ class Counting:
                 links[hex_] = links.get(hex_, 0) + n
             if shape.tensors:
                 self.merged_links[shape.tensors] = self.merged_links.get(shape.tensors, 0) + n
+        self.placed = {}  # all counted: a tree lives long, and no place is counted after
 
     def _counts(self) -> Counts:
         """What this build counted, to keep for the next (fsd.counts)."""
