@@ -271,10 +271,17 @@ def test_partial_and_temp_files_of_everyone_wait_for_the_partial_grace(store: Ti
         blobs / f"sha256-{'12' * 32}-partial": 86400,  # only a day old: kept
         blobs / f"sha256:{'34' * 32}": 30 * 86400,  # a cross-OS copy: never ours to delete
         blobs / "README": 30 * 86400,  # foreign: never deleted
+        # State files a kill -9 left before their rename (write_atomic), and one that is
+        # none: the index itself, old, is never a temp file.
+        store.layout.state / ".scan-index.0123456789ab.tmp": 8 * 86400,
+        store.layout.state / "verify" / ".cache.0123456789ab.tmp": 8 * 86400,
+        store.layout.state / "gc" / ".first-seen.json.0123456789ab.tmp": 86400,  # a day: kept
+        store.layout.state / "scan-index": 30 * 86400,
     }
     held = tmp / f"pull-sha256-{'56' * 32}.partial"  # old, but its pull holds a lease
     names[held] = 8 * 86400
     for path, old in names.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"x" * 10)
         age(path, old)
     keeper = LeaseKeeper(store.layout, "pull")

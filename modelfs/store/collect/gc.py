@@ -61,6 +61,9 @@ STATE_VERSION = 1
 _OLLAMA_TEMP = re.compile(r"(sha256-[0-9a-f]{64})(-partial(-\d+)?|\.tmp)|sha256-\d{1,20}")
 # Ours, in .modelfs/tmp: `pull-sha256-<hex>.{partial,json,lock}` and BlobStore's temp files.
 _OUR_TEMP_DIGEST = re.compile(r"pull-(sha256-[0-9a-f]{64})\.")
+# What store.disk.owner.write_atomic (and so every state file: leases, indexes, the verify
+# cache, GC's own) writes before its rename: left by a kill -9 between the two.
+_STATE_TEMP = re.compile(r"\..+\.[0-9a-f]{12}\.tmp")
 _TRASH_STAMP = re.compile(r"(\d{8}T\d{6}Z)")
 
 
@@ -313,6 +316,9 @@ def _plan_temps(layout: Layout, plan: GcPlan, wanted: set[str], in_blobs: list[s
         (layout.tmp, _OUR_TEMP_DIGEST),
         (layout.links, None),
         (layout.leases, None),
+        (layout.state, None),
+        (layout.state / "gc", None),
+        (layout.state / "verify", None),
     ]
     for directory, pattern in places:
         if directory == layout.blobs:
@@ -327,10 +333,8 @@ def _plan_temps(layout: Layout, plan: GcPlan, wanted: set[str], in_blobs: list[s
             if directory == layout.blobs:
                 if _OLLAMA_TEMP.fullmatch(name) is None:
                     continue
-            elif directory == layout.leases and not (
-                name.startswith(".") and name.endswith(".tmp")
-            ):
-                continue  # leases themselves expire by their TTL and are rewritten when alive
+            elif directory not in (layout.tmp, layout.links) and not _STATE_TEMP.fullmatch(name):
+                continue  # the state files themselves (leases expire by their TTL)
             path = os.path.join(directory, name)
             st = _stat(path)
             # A symlink there is a manifests-v2 link never renamed into place (a kill -9 in

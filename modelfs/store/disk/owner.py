@@ -60,6 +60,7 @@ def write_atomic(
     *,
     mode: int = 0o644,
     sync_dir: bool = False,
+    sync: bool = True,
 ) -> None:
     """Replace `path` with `data`: a temp file beside it (`.<name>.<random>.tmp`, which
     readers of our state dirs skip), fsynced, adopted, renamed over. A reader sees the old
@@ -70,8 +71,9 @@ def write_atomic(
     try:
         with open(tmp, "wb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+            if sync:  # not for a cache rebuilt from the store when lost
+                f.flush()
+                os.fsync(f.fileno())
         os.chmod(tmp, mode)
         adopt(tmp, root)
         os.replace(tmp, path)

@@ -18,17 +18,17 @@ filesystem's server clock running a little behind ours.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import marshal
 import os
-import secrets
 import stat
 import struct
 import time
 import zlib
 from pathlib import Path
 from typing import Any
+
+from modelfs.store.disk.owner import write_atomic
 
 Stamp = tuple[int, int, int, int]  # (inode, size, mtime_ns, ctime_ns)
 
@@ -112,21 +112,5 @@ def write_index(
         raise PermissionError(errno.EPERM, "the store belongs to another user")
     body = marshal.dumps(obj)
     header = magic + _HEADER.pack(version, zlib.crc32(body), len(body))
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(path.parent, 0o755)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-    try:
-        with os.fdopen(fd, "wb", closefd=False) as f:
-            f.write(header)
-            f.write(body)
-        os.fchmod(fd, 0o644)  # whatever the umask: the loader refuses a group-writable file
-        os.close(fd)
-        fd = -1
-        os.replace(tmp, path)
-    except BaseException:
-        if fd >= 0:
-            os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    # A cache: lost, it is rebuilt from the store, so no fsync of 15 MB at every change.
+    write_atomic(path, header + body, root, sync=False)
