@@ -44,7 +44,7 @@ from modelfs.store.index.found import (
     rank_children,
     runner_rank,
 )
-from modelfs.store.index.indexfile import Stamp, racy, stamp
+from modelfs.store.index.indexfile import Stamp, dir_key, racy, stamp
 from modelfs.store.index.indexfile import started as scan_started
 from modelfs.store.index.scancache import DirListing, Listing, Parsed, Recipe
 from modelfs.store.index.scancache import ScanCache as ScanCache
@@ -228,10 +228,9 @@ class Scanner:
         dst = None  # if so, the listing says why
         with contextlib.suppress(OSError):
             dst = os.stat(self.layout.blobs)
-        # As Listing says (the ctime too: an mtime put back by `rsync -a` leaves it moved).
-        key = None if dst is None else (dst.st_ino, dst.st_mtime_ns, dst.st_ctime_ns)
+        key = None if dst is None else dir_key(dst, self._started)  # as Listing says
         known = self.cache.listing if self.cache is not None else None
-        if known is not None and known[0] == key:
+        if key is not None and known is not None and known[0] == key:
             assert dst is not None
             self._blobs_dev = dst.st_dev
             self._listing, self.index._sizes, self.index.blob_names = known, known[3], set(known[1])
@@ -240,8 +239,7 @@ class Scanner:
             return paths
         first = len(self.index.problems)
         self._list_blob_dir(paths)
-        fresh = dst is not None and not racy(max(dst.st_mtime_ns, dst.st_ctime_ns), self._started)
-        if self.cache is not None and key is not None and fresh:
+        if self.cache is not None and key is not None:
             found = tuple((p.kind, p.path, p.message) for p in self.index.problems[first:])
             self._listing = (key, frozenset(self.index.blob_names), found, {})
         return paths

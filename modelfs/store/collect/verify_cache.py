@@ -33,6 +33,7 @@ from modelfs.store.collect.verify import SAMPLE_FROM, CacheEntry, Stamp
 from modelfs.store.digest import is_blob_name
 from modelfs.store.disk.fileio import open_stat
 from modelfs.store.disk.owner import write_atomic
+from modelfs.store.index.indexfile import DirKey
 from modelfs.store.layout import Layout
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,6 @@ VERSION = 4  # 1 and 2: cache.json; 3: blobs/'s key without its ctime
 # the survey, whether `listed` holds, blobs/'s inode, mtime_ns and ctime_ns then
 _HEADER = struct.Struct("<IIQQQQQqqq")
 _SAMPLE_HEX = 32
-DirKey = tuple[int, int, int]  # a directory's (inode, mtime_ns, ctime_ns)
 
 
 class VerifyCache:

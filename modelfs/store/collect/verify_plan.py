@@ -36,10 +36,10 @@ from modelfs.store.collect.verify import (
     Stamp,
     stamp_of,
 )
-from modelfs.store.collect.verify_cache import DirKey, VerifyCache
+from modelfs.store.collect.verify_cache import VerifyCache
 from modelfs.store.collect.workers import Result, Unit
 from modelfs.store.digest import is_blob_name
-from modelfs.store.index.indexfile import racy
+from modelfs.store.index.indexfile import DirKey, dir_key
 from modelfs.store.layout import Layout
 
 BATCH_BYTES = 8 << 20  # small blobs go to a worker together, up to this many bytes…
@@ -57,16 +57,6 @@ class Listing:
     key: DirKey | None = None  # blobs/ when listed, out of the racy margin
 
 
-def _key(st: os.stat_result, since: int) -> DirKey | None:
-    """blobs/'s key, to know its listing by while it stays; None within the racy margin of
-    the listing begun at `since` (a change then could keep the same mtime)."""
-    if racy(max(st.st_mtime_ns, st.st_ctime_ns), since):
-        return None
-    # The ctime too: a name that came or went with the mtime then put back (`rsync -a`, `tar
-    # -x` restore a directory's) moved it. Not st_dev: each NFS client numbers it its own way.
-    return (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
-
-
 def list_names(layout: Layout, cache: VerifyCache) -> tuple[list[str], DirKey | None]:
     """Every name in blobs/, as the directory lists them (none when there is no blobs/): the
     cache's names while blobs/ is as it was when they were listed, else a listing; and the key
@@ -76,7 +66,7 @@ def list_names(layout: Layout, cache: VerifyCache) -> tuple[list[str], DirKey | 
         st = os.stat(layout.blobs)
     except FileNotFoundError:
         return [], None
-    key = _key(st, since)
+    key = dir_key(st, since)
     if key is not None and key == cache.listed:
         return cache.names, key
     return os.listdir(layout.blobs), key
@@ -92,7 +82,7 @@ def list_blobs(layout: Layout) -> Listing:
     except FileNotFoundError:
         return out
     try:
-        out.key = _key(os.fstat(dir_fd), since)
+        out.key = dir_key(os.fstat(dir_fd), since)
         with os.scandir(dir_fd) as it:
             for de in it:
                 out.names.append(de.name)

@@ -51,6 +51,20 @@ def racy(ctime_ns: int, since_ns: int) -> bool:
     return ctime_ns >= since_ns - RACY_NS
 
 
+DirKey = tuple[int, int, int]
+
+
+def dir_key(st: os.stat_result, since_ns: int) -> DirKey | None:
+    """What a directory's listing (blobs/) is known by while it stays: its (inode, mtime_ns,
+    ctime_ns). A name comes or goes only by a create, rename or unlink in it, each of which
+    moves both; the ctime too, as `rsync -a` and `tar -x` put a directory's mtime back. Not
+    st_dev: each NFS client numbers it its own way. None within the racy margin of a listing
+    begun at `since_ns` (a change then could leave the same key)."""
+    if racy(max(st.st_mtime_ns, st.st_ctime_ns), since_ns):
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def store_is_ours(root: str | os.PathLike[str]) -> bool:
     """Whether the store at `root` belongs to this user: only then is an index of it read or
     written. Root working in a user's store (Ollama's service user's) would otherwise leave

@@ -21,7 +21,14 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from modelfs.store.index.indexfile import racy, read_index, stamp, started, write_index
+from modelfs.store.index.indexfile import (
+    dir_key,
+    racy,
+    read_index,
+    stamp,
+    started,
+    write_index,
+)
 from modelfs.store.index.shape import nested_texts, texts
 from modelfs.store.layout import Layout
 
@@ -100,17 +107,14 @@ class ReachCache:
             self._met[path] = (key, names)
 
     def listdir(self, directory: Path) -> list[str]:
-        """os.listdir(directory) (blobs/), or the names it gave while the directory's (inode,
-        mtime_ns, ctime_ns) is as it was: a name comes or goes only by a create, rename or
-        unlink there, each of which moves its ctime (`rsync -a` puts an mtime back, not that).
-        Not st_dev: each NFS client numbers it its own way."""
-        st = os.stat(directory)
-        key = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
-        if self.listing is not None and self.listing[0] == key:
+        """os.listdir(directory) (blobs/), or the names it gave while it is as it was
+        (indexfile.dir_key)."""
+        key = dir_key(os.stat(directory), self.started)
+        if key is not None and self.listing is not None and self.listing[0] == key:
             self._listing = self.listing
             return list(self.listing[1])
         names = os.listdir(directory)
-        if not racy(max(st.st_mtime_ns, st.st_ctime_ns), self.started):
+        if key is not None:
             self._listing = (key, tuple(names))
         return names
 

@@ -43,7 +43,7 @@ from modelfs.store.collect.verify import (
     drop_quarantined,
     quarantined,
 )
-from modelfs.store.collect.verify_cache import DirKey, VerifyCache
+from modelfs.store.collect.verify_cache import VerifyCache
 from modelfs.store.collect.verify_plan import (
     BATCH_BLOBS as BATCH_BLOBS,
 )
@@ -74,6 +74,7 @@ from modelfs.store.collect.verify_report import (
 )
 from modelfs.store.collect.workers import Result, Workers
 from modelfs.store.digest import Digest, is_blob_name
+from modelfs.store.index.indexfile import DirKey
 from modelfs.store.index.reachcache import ReachCache
 from modelfs.store.layout import Layout
 from modelfs.store.scan import ScanCache, StoreIndex, scan_store
